@@ -1,0 +1,1 @@
+"""slimserve.estimator: images -> TFRecords -> input_fn -> fine-tuned slim ResNet."""

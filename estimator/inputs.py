@@ -1,0 +1,135 @@
+"""input_fn: parallel-interleaved TFRecord shards -> preprocessed, batched images.
+
+list_files -> interleave(TFRecordDataset) -> [cache] -> shuffle -> repeat -> parse +
+decode + preprocess -> skip undecodable images -> batch -> prefetch. Sharded per
+worker through the Estimator's input context, batched per replica.
+"""
+import dataclasses
+import struct
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+from estimator import dataset
+from estimator import preprocessing
+from estimator import schema
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+@dataclasses.dataclass
+class InputConfig:
+    """Every knob of the input pipeline; train.py exposes each one as a flag."""
+    image_size: int = 224
+    style: str = preprocessing.VGG
+    batch_size: int = 32
+    shuffle_buffer: int = 2048
+    cycle_length: int = 8
+    num_parallel_calls: int = AUTOTUNE
+    prefetch: int = AUTOTUNE
+    cache: str = ""  # "" off, "memory", or a file path prefix
+    area_range: Tuple[float, float] = (0.25, 1.0)
+    aspect_ratio_range: Tuple[float, float] = (3 / 4, 4 / 3)
+    random_flip: bool = True
+    central_fraction: float = 0.875
+    seed: Optional[int] = None
+    verify_shards: bool = True
+
+
+def check_tfrecord_file(path):
+    """Walks record headers (no payload reads); returns the record count.
+
+    A truncated shard otherwise surfaces as a DataLossError deep inside training;
+    here it is an error naming the file before the first step.
+    """
+    count, position = 0, 0
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        size = handle.size()
+        while position < size:
+            if size - position < 12:
+                raise dataset.DatasetError("%s: truncated record header at byte %d"
+                                           % (path, position))
+            handle.seek(position)
+            (length,) = struct.unpack("<Q", handle.read(8))
+            position += 8 + 4 + length + 4
+            if position > size:
+                raise dataset.DatasetError(
+                    "%s: truncated record %d (needs %d bytes, file has %d)"
+                    % (path, count, position, size))
+            count += 1
+    return count
+
+
+def count_records(files):
+    return sum(check_tfrecord_file(path) for path in files)
+
+
+def _parse(serialized):
+    parsed = tf.io.parse_single_example(serialized, schema.feature_spec(with_label=True))
+    return parsed[schema.ENCODED], tf.cast(parsed[schema.LABEL], tf.int32)
+
+
+def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=None):
+    """Returns an Estimator input_fn over `<data_dir>/<split>-*-of-*`.
+
+    Files are listed and checked when this is called, so a missing or truncated
+    shard fails at once with its name. Training repeats forever unless
+    `num_epochs` is given; evaluation makes one ordered pass.
+    """
+    files = dataset.split_files(data_dir, split)
+    if config.verify_shards:
+        for path in files:
+            check_tfrecord_file(path)
+    preprocessing.check_style(config.style)
+
+    def preprocess(encoded, label):
+        if is_training:
+            image = preprocessing.train_image(
+                encoded, config.image_size, config.style, config.area_range,
+                config.aspect_ratio_range, config.random_flip, config.seed)
+        else:
+            image = preprocessing.eval_image(preprocessing.decode_image(encoded),
+                                             config.image_size, config.style,
+                                             config.central_fraction)
+        return {"image": image}, label
+
+    def input_fn(params=None, input_context=None):
+        del params
+        batch_size = config.batch_size
+        files_ds = tf.data.Dataset.list_files(files, shuffle=is_training, seed=config.seed)
+        records_sharded = False
+        if input_context is not None and input_context.num_input_pipelines > 1:
+            if len(files) >= input_context.num_input_pipelines:
+                files_ds = files_ds.shard(input_context.num_input_pipelines,
+                                          input_context.input_pipeline_id)
+            else:
+                records_sharded = True
+            batch_size = input_context.get_per_replica_batch_size(config.batch_size)
+        ds = files_ds.interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(config.cycle_length, len(files)),
+            num_parallel_calls=config.num_parallel_calls,
+            deterministic=not is_training)
+        if records_sharded:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        if config.cache == "memory":
+            ds = ds.cache()
+        elif config.cache:
+            ds = ds.cache(config.cache + "-" + split)
+        if is_training:
+            ds = ds.shuffle(config.shuffle_buffer, seed=config.seed,
+                            reshuffle_each_iteration=True)
+        if is_training or num_epochs:
+            ds = ds.repeat(num_epochs if num_epochs else None)
+        ds = ds.map(_parse, num_parallel_calls=config.num_parallel_calls,
+                    deterministic=not is_training)
+        ds = ds.map(preprocess, num_parallel_calls=config.num_parallel_calls,
+                    deterministic=not is_training)
+        # Shards were structurally checked above, so what is skipped here is an
+        # undecodable image; TF logs one warning per skipped record with its reason.
+        ds = ds.apply(tf.data.experimental.ignore_errors(log_warning=True))
+        ds = ds.batch(batch_size, drop_remainder=is_training)
+        return ds.prefetch(config.prefetch)
+
+    return input_fn
+
