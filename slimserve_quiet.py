@@ -24,7 +24,7 @@ _RECORD_NOISE = (
     "is deprecated", "Instructions for updating", "deprecated and will be removed",
     "Colocations handled automatically", "Use standard file APIs", "tf.keras.layers",
     "Use keras.layers", "non-resource variables are not supported",
-    "Using temporary folder as model directory",
+    "Using temporary folder as model directory", "Scale of 0 disables regularizer",
 )
 
 
@@ -65,6 +65,7 @@ def quiet_tensorflow(verbosity=logging.INFO):
     from tensorflow.python.util import deprecation  # pylint: disable=g-import-not-at-top
     deprecation._PRINT_DEPRECATION_WARNINGS = False  # pylint: disable=protected-access
     tf_logger = tf.get_logger()
+    tf_logger.handlers = []  # absl's handler prints TF's records once, in absl's format
     tf_logger.addFilter(_DropNoise())
     tf_logger.setLevel(verbosity)
     logging.getLogger().setLevel(verbosity)

@@ -35,6 +35,11 @@ class InputConfig:
     seed: Optional[int] = None
     verify_shards: bool = True
 
+    def serving_settings(self):
+        """What an export needs to preprocess exactly as evaluation does."""
+        return {"image_size": self.image_size, "style": self.style,
+                "central_fraction": self.central_fraction}
+
 
 def check_tfrecord_file(path):
     """Walks record headers (no payload reads); returns the record count.

@@ -37,13 +37,21 @@ def decode_image(encoded):
     return image
 
 
-def eval_image(image, image_size, style, central_fraction=0.875):
-    """Central crop + bilinear resize + normalise; image is [H,W,3] or [B,H,W,3] in 0..255."""
+def eval_pixels(image, image_size, central_fraction=0.875):
+    """Central crop + bilinear resize, still 0..255 float; [H,W,3] or [B,H,W,3].
+
+    This is what the `predict_images` signature takes as input, so clients that
+    resize themselves get the same pixels as the image-bytes path.
+    """
     image = tf.cast(image, tf.float32)
     if central_fraction < 1.0:
         image = tf.image.central_crop(image, central_fraction)
-    image = tf.image.resize(image, [image_size, image_size], method="bilinear")
-    return normalize(image, style)
+    return tf.image.resize(image, [image_size, image_size], method="bilinear")
+
+
+def eval_image(image, image_size, style, central_fraction=0.875):
+    """The evaluation (and serving) preprocessing: `eval_pixels` then `normalize`."""
+    return normalize(eval_pixels(image, image_size, central_fraction), style)
 
 
 def _random_box(shape, area_range, aspect_ratio_range, seed):

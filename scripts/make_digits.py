@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 
-def write_digits(output_dir, size=64, png_every=5, limit=None, colour=True):
+def write_digits(output_dir, size=64, png_every=5, limit=None, colour=True, classes=None):
     from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
     digits = load_digits()
     images, targets = digits.images, digits.target
@@ -21,6 +21,8 @@ def write_digits(output_dir, size=64, png_every=5, limit=None, colour=True):
     rng = np.random.RandomState(0)
     written = 0
     for index, (pixels, target) in enumerate(zip(images, targets)):
+        if classes is not None and int(target) not in classes:
+            continue
         grey = (pixels / 16.0 * 255.0).astype(np.uint8)
         image = Image.fromarray(255 - grey, mode="L").resize((size, size), Image.BICUBIC)
         if colour:  # a faint random tint: real RGB input, not three equal channels
@@ -44,11 +46,15 @@ def main(argv=None):
     parser.add_argument("--png_every", type=int, default=5,
                         help="Every n-th image is written as PNG (0: none).")
     parser.add_argument("--limit", type=int, default=None, help="Write only the first N.")
+    parser.add_argument("--classes", default=None,
+                        help="Comma-separated digits to keep (default: all ten).")
     args = parser.parse_args(argv)
     if os.path.isdir(args.output_dir) and os.listdir(args.output_dir):
         sys.exit("make_digits: %s is not empty; remove it or pick another folder"
                  % args.output_dir)
-    count = write_digits(args.output_dir, args.size, args.png_every, args.limit)
+    classes = {int(c) for c in args.classes.split(",")} if args.classes else None
+    count = write_digits(args.output_dir, args.size, args.png_every, args.limit,
+                         classes=classes)
     print("wrote %d digit images to %s" % (count, args.output_dir))
 
 

@@ -1,0 +1,1 @@
+"""slimserve.export: checkpoints -> SavedModels that TensorFlow Serving loads unchanged."""

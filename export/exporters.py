@@ -1,0 +1,136 @@
+"""Estimator exporters that write slimserve SavedModels (all three signatures).
+
+Estimator's own FinalExporter/BestExporter can only export one receiver's
+signatures under names like `alt:output`, and BestExporter compares eval loss;
+these keep the DESIGN.md signature names and compare eval accuracy.
+"""
+import json
+import logging
+import os
+
+import tensorflow as tf
+
+from estimator import model
+from estimator import preprocessing
+from export import signatures
+from export import verify as verify_lib
+from export import warmup
+from export import writer
+
+EVAL_RESULT_FILE = "eval_result.json"
+
+
+def predict_probabilities(estimator, images, checkpoint_path, serving_settings):
+    """estimator.predict on encoded images, through the evaluation preprocessing."""
+
+    def input_fn():
+        ds = tf.data.Dataset.from_tensor_slices(list(images))
+        ds = ds.map(lambda encoded: {"image": preprocessing.eval_image(
+            preprocessing.decode_image(encoded), serving_settings["image_size"],
+            serving_settings["style"], serving_settings["central_fraction"])})
+        return ds.batch(len(images))
+
+    return [p["probabilities"] for p in estimator.predict(
+        input_fn, predict_keys=["probabilities"], checkpoint_path=checkpoint_path)]
+
+
+def export_checkpoint(estimator, export_base, checkpoint_path, serving_settings,
+                      data_dir=None, eval_split="validation", verify=True,
+                      num_verify_images=8, eval_result=None):
+    """Writes, verifies and publishes one version; returns its directory."""
+    config = model.ModelConfig(**estimator.params)
+    size = serving_settings["image_size"]
+    images = warmup.sample_images(data_dir, eval_split, num_verify_images, size)
+
+    def before_publish(temp_dir):
+        if verify:
+            expected = predict_probabilities(estimator, images, checkpoint_path, serving_settings)
+            report = verify_lib.verify_export(temp_dir, images, expected)
+            logging.info("export verified: %s", report)
+        if eval_result is not None:
+            extra = os.path.join(temp_dir, signatures.EXTRA_DIR, EVAL_RESULT_FILE)
+            with tf.io.gfile.GFile(extra, "w") as handle:
+                json.dump({k: float(v) for k, v in eval_result.items()}, handle)
+
+    return writer.write_saved_model(export_base, checkpoint_path, config, serving_settings,
+                                    sample_jpegs=images[:3], before_publish=before_publish)
+
+
+class _SlimserveExporter(tf.estimator.Exporter):
+    def __init__(self, name, serving_settings, data_dir, eval_split, verify):
+        self._name = name
+        self._serving = dict(serving_settings)
+        self._data_dir = data_dir
+        self._eval_split = eval_split
+        self._verify = verify
+
+    @property
+    def name(self):
+        return self._name
+
+    def _export(self, estimator, export_path, checkpoint_path, eval_result):
+        return export_checkpoint(estimator, export_path, checkpoint_path, self._serving,
+                                 self._data_dir, self._eval_split, self._verify,
+                                 eval_result=eval_result)
+
+
+class FinalExporter(_SlimserveExporter):
+    """Exports once, after the last evaluation of train_and_evaluate."""
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result,
+               is_the_final_export):
+        if not is_the_final_export:
+            return None
+        return self._export(estimator, export_path, checkpoint_path, eval_result)
+
+
+class BestExporter(_SlimserveExporter):
+    """Exports when `metric` (eval accuracy by default) beats every earlier export,
+    including ones from before a restart (read back from their eval_result.json),
+    and keeps the newest `exports_to_keep` versions."""
+
+    def __init__(self, name, serving_settings, data_dir, eval_split, verify,
+                 metric="accuracy", exports_to_keep=3):
+        super().__init__(name, serving_settings, data_dir, eval_split, verify)
+        self._metric = metric
+        self._keep = exports_to_keep
+        self._best = None
+
+    def _previous_best(self, export_path):
+        best = None
+        for version in writer.list_versions(export_path):
+            path = os.path.join(export_path, str(version), signatures.EXTRA_DIR,
+                                EVAL_RESULT_FILE)
+            if tf.io.gfile.exists(path):
+                with tf.io.gfile.GFile(path) as handle:
+                    value = json.load(handle).get(self._metric)
+                if value is not None and (best is None or value > best):
+                    best = value
+        return best
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result,
+               is_the_final_export):
+        if self._metric not in eval_result:
+            raise ValueError("--best_metric %r is not an eval metric (have %s)"
+                             % (self._metric, sorted(eval_result)))
+        if self._best is None:
+            self._best = self._previous_best(export_path)
+        value = float(eval_result[self._metric])
+        if self._best is not None and value <= self._best:
+            return None
+        self._best = value
+        path = self._export(estimator, export_path, checkpoint_path, eval_result)
+        for version in writer.list_versions(export_path)[:-self._keep]:
+            tf.io.gfile.rmtree(os.path.join(export_path, str(version)))
+        return path
+
+
+def make_exporters(serving_settings, data_dir, eval_split, exports_to_keep=3,
+                   best_metric="accuracy", verify=True):
+    """The exporters train.py attaches: export/final/<v> and export/best/<v>."""
+    return [
+        FinalExporter("final", serving_settings, data_dir, eval_split, verify),
+        BestExporter("best", serving_settings, data_dir, eval_split, verify,
+                     metric=best_metric, exports_to_keep=exports_to_keep),
+    ]
+

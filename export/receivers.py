@@ -1,0 +1,52 @@
+"""Serving inputs: tf.Example, image bytes and decoded images, chained in one graph.
+
+    inputs (serialized tf.Example) --parse--> image_bytes --decode, crop, resize--> images
+                                                                  --normalise--> features
+
+Each entry is a `placeholder_with_default` over the step before it, so a signature
+may feed any one of them and TensorFlow prunes the steps above it. All three
+signatures therefore share the one evaluation preprocessing from
+estimator/preprocessing.py.
+"""
+import collections
+
+import tensorflow as tf
+
+from estimator import preprocessing
+from estimator import schema
+from export import signatures
+
+ServingInputs = collections.namedtuple("ServingInputs", "examples image_bytes images features")
+
+
+def build_serving_inputs(image_size, style, central_fraction):
+    """Builds the chain in the current graph; batch dimension stays dynamic."""
+    examples = tf.compat.v1.placeholder_with_default(
+        tf.constant([], tf.string), [None], name="input_examples")
+    parsed = tf.io.parse_example(examples, schema.feature_spec(with_label=False))
+    image_bytes = tf.compat.v1.placeholder_with_default(
+        parsed[schema.ENCODED], [None], name="input_image_bytes")
+
+    def to_pixels(encoded):
+        return preprocessing.eval_pixels(preprocessing.decode_image(encoded), image_size,
+                                         central_fraction)
+
+    pixels = tf.map_fn(to_pixels, image_bytes, back_prop=False, parallel_iterations=8,
+                       fn_output_signature=tf.TensorSpec([image_size, image_size, 3],
+                                                         tf.float32))
+    images = tf.compat.v1.placeholder_with_default(
+        pixels, [None, image_size, image_size, 3], name="input_images")
+    features = {"image": preprocessing.normalize(images, style)}
+    return ServingInputs(examples, image_bytes, images, features)
+
+
+def image_bytes_receiver_fn(image_size, style, central_fraction):
+    """A plain Estimator serving_input_receiver_fn (image bytes only), for users who
+    call `estimator.export_saved_model` themselves."""
+
+    def receiver_fn():
+        inputs = build_serving_inputs(image_size, style, central_fraction)
+        return tf.estimator.export.ServingInputReceiver(
+            inputs.features, {signatures.IMAGE_BYTES: inputs.image_bytes})
+
+    return receiver_fn
