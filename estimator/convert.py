@@ -12,20 +12,22 @@ from absl import flags
 import slimserve_quiet
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", None, "Folder of class sub-folders, or a CSV/TSV of path,label.")
-flags.DEFINE_string("output_dir", None, "Where shards, labels.txt and dataset_info.json go.")
-flags.DEFINE_float("validation_fraction", 0.2,
-                   "Fraction of each class held out for validation (stratified, seeded).")
-flags.DEFINE_string("validation_input", None,
-                    "A separate folder/CSV for validation; overrides --validation_fraction.")
-flags.DEFINE_integer("train_shards", 8, "Number of training shards.")
-flags.DEFINE_integer("validation_shards", 2, "Number of validation shards.")
-flags.DEFINE_integer("seed", 0, "Seed of the split and of the training shard order.")
-flags.DEFINE_integer("num_workers", None, "Decode/convert processes (default: all cores).")
-flags.DEFINE_integer("jpeg_quality", 95, "JPEG quality for images that must be re-encoded.")
-flags.DEFINE_bool("overwrite", False, "Replace an existing finished data set in --output_dir.")
-flags.DEFINE_bool("progress", True, "Show a progress bar.")
-flags.mark_flags_as_required(["input", "output_dir"])
+def define_flags():
+    """Defined on demand so that importing this module never clashes with other CLIs."""
+    flags.DEFINE_string("input", None, "Folder of class sub-folders, or a CSV/TSV of path,label.")
+    flags.DEFINE_string("output_dir", None, "Where shards, labels.txt and dataset_info.json go.")
+    flags.DEFINE_float("validation_fraction", 0.2,
+                       "Fraction of each class held out for validation (stratified, seeded).")
+    flags.DEFINE_string("validation_input", None,
+                        "A separate folder/CSV for validation; overrides --validation_fraction.")
+    flags.DEFINE_integer("train_shards", 8, "Number of training shards.")
+    flags.DEFINE_integer("validation_shards", 2, "Number of validation shards.")
+    flags.DEFINE_integer("seed", 0, "Seed of the split and of the training shard order.")
+    flags.DEFINE_integer("num_workers", None, "Decode/convert processes (default: all cores).")
+    flags.DEFINE_integer("jpeg_quality", 95, "JPEG quality for images that must be re-encoded.")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing finished data set in --output_dir.")
+    flags.DEFINE_bool("progress", True, "Show a progress bar.")
+    flags.mark_flags_as_required(["input", "output_dir"])
 
 
 def main(argv):
@@ -48,6 +50,7 @@ def main(argv):
 
 
 def run():
+    define_flags()
     app.run(main)
 
 

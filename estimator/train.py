@@ -20,89 +20,91 @@ import slimserve_quiet
 
 FLAGS = flags.FLAGS
 
-# Dataset.
-flags.DEFINE_string("data_dir", None, "Folder with train-*/validation-* shards and labels.txt.")
-flags.DEFINE_string("labels_file", None, "id:name file (default: <data_dir>/labels.txt).")
-flags.DEFINE_string("train_split", "train", "Split name of the training shards.")
-flags.DEFINE_string("eval_split", "validation", "Split name of the evaluation shards.")
-# Input pipeline.
-flags.DEFINE_integer("image_size", None, "Network input side (default: the net's own, 224).")
-flags.DEFINE_integer("batch_size", 32, "Global training batch size (split across replicas).")
-flags.DEFINE_integer("eval_batch_size", 64, "Evaluation batch size.")
-flags.DEFINE_integer("shuffle_buffer", 2048, "Records in the training shuffle buffer.")
-flags.DEFINE_integer("cycle_length", 8, "Shards read in parallel by interleave.")
-flags.DEFINE_integer("num_parallel_calls", -1, "Parallel map calls (-1: AUTOTUNE).")
-flags.DEFINE_integer("prefetch", -1, "Batches to prefetch (-1: AUTOTUNE).")
-flags.DEFINE_string("cache", "", "Cache records: '' off, 'memory', or a file prefix.")
-flags.DEFINE_float("min_crop_area", 0.25, "Smallest random-crop area, as a fraction.")
-flags.DEFINE_float("max_crop_area", 1.0, "Largest random-crop area, as a fraction.")
-flags.DEFINE_bool("random_flip", True, "Random left-right flips in training.")
-flags.DEFINE_float("eval_central_fraction", 0.875,
-                   "Central crop kept before resizing in eval and serving (1.0: none).")
-flags.DEFINE_bool("verify_shards", True, "Check every shard's record structure first.")
-# Net.
-flags.DEFINE_string("model_name", "resnet_v1_50", "Net from estimator/nets.py.")
-# Fine-tuning.
-flags.DEFINE_string("checkpoint_path", None, "Checkpoint file or directory to warm-start from.")
-flags.DEFINE_list("checkpoint_exclude_scopes", [], "Scopes not restored (e.g. the head).")
-flags.DEFINE_bool("ignore_missing_vars", False, "Train variables the checkpoint lacks from scratch.")
-flags.DEFINE_list("trainable_scopes", [], "Only these scopes train (slim's meaning; all if empty).")
-flags.DEFINE_list("freeze_scopes", [], "These scopes never train.")
-flags.DEFINE_bool("frozen_bn_inference", True,
-                  "BatchNorm in frozen residual units runs in inference mode (stats untouched).")
-# Optimisation.
-flags.DEFINE_enum("optimizer", "momentum", ["momentum", "sgd", "rmsprop", "adam"], "Optimizer.")
-flags.DEFINE_float("learning_rate", 0.01, "Initial learning rate.")
-flags.DEFINE_enum("learning_rate_schedule", "fixed",
-                  ["fixed", "exponential", "polynomial", "piecewise", "cosine"], "LR schedule.")
-flags.DEFINE_integer("decay_steps", 1000, "Steps of exponential/polynomial/cosine decay.")
-flags.DEFINE_float("decay_rate", 0.94, "Exponential decay factor per decay_steps.")
-flags.DEFINE_float("end_learning_rate", 1e-4, "Final LR of polynomial and cosine decay.")
-flags.DEFINE_list("boundaries", [], "Piecewise schedule: step boundaries.")
-flags.DEFINE_list("boundary_values", [], "Piecewise schedule: LRs (one more than boundaries).")
-flags.DEFINE_integer("warmup_steps", 0, "Linear LR warm-up steps.")
-flags.DEFINE_float("momentum", 0.9, "Momentum (momentum and rmsprop).")
-flags.DEFINE_float("rmsprop_decay", 0.9, "RMSProp decay.")
-flags.DEFINE_float("opt_epsilon", 1.0, "Epsilon of rmsprop and adam.")
-flags.DEFINE_float("adam_beta1", 0.9, "Adam beta1.")
-flags.DEFINE_float("adam_beta2", 0.999, "Adam beta2.")
-flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay on trained conv weights.")
-flags.DEFINE_float("label_smoothing", 0.0, "Label smoothing.")
-flags.DEFINE_float("batch_norm_decay", 0.997,
-                   "BatchNorm moving-average decay; use ~0.9 for short runs.")
-flags.DEFINE_float("moving_average_decay", None, "EMA of weights, used by eval and export.")
-flags.DEFINE_float("clip_gradient_norm", 0.0, "Clip gradients to this global norm (0: off).")
-# Run config.
-flags.DEFINE_string("model_dir", None, "Checkpoints, summaries, exports.")
-flags.DEFINE_enum("mode", "train_and_eval", ["train_and_eval", "train", "eval"], "What to run.")
-flags.DEFINE_integer("max_steps", 1000, "Total training steps (global step).")
-flags.DEFINE_integer("eval_steps", None, "Eval batches (default: the whole eval split).")
-flags.DEFINE_integer("save_checkpoints_steps", 200, "Checkpoint every N steps.")
-flags.DEFINE_integer("save_checkpoints_secs", None, "Or every N seconds (overrides steps).")
-flags.DEFINE_integer("keep_checkpoint_max", 5, "Checkpoints kept.")
-flags.DEFINE_integer("log_step_count_steps", 20, "Progress line every N steps.")
-flags.DEFINE_integer("eval_throttle_secs", 10, "Least seconds between evaluations.")
-flags.DEFINE_integer("seed", 0, "Graph-level seed for init, shuffling and crops.")
-# Distribution and speed.
-flags.DEFINE_enum("distribution", "auto", ["auto", "none", "mirrored", "collective"],
-                  "auto: mirrored with >1 GPU, PS when TF_CONFIG names ps, collective "
-                  "for a TF_CONFIG of workers only.")
-flags.DEFINE_integer("num_gpus", 0, "GPUs to mirror over (MirroredStrategy when > 1).")
-flags.DEFINE_integer("cpu_replicas", 0,
-                     "Split the CPU into N logical devices and mirror over them (tests the "
-                     "multi-device path without GPUs).")
-flags.DEFINE_bool("xla", False, "XLA JIT compilation.")
-flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16", "fp16"],
-                  "bf16: oneDNN auto mixed precision on CPUs with AVX512_BF16; fp16: GPUs.")
-flags.DEFINE_integer("intra_op_threads", 0, "Threads inside ops (0: TF's choice).")
-flags.DEFINE_integer("inter_op_threads", 0, "Ops run concurrently (0: TF's choice).")
-# Export.
-flags.DEFINE_bool("export", True, "Attach the Final and Best exporters (train_and_eval).")
-flags.DEFINE_integer("exports_to_keep", 3, "BestExporter versions kept.")
-flags.DEFINE_string("best_metric", "accuracy", "Eval metric the BestExporter maximises.")
-flags.DEFINE_bool("verify_export", True, "Reload each export and compare with predict().")
+def define_flags():
+    """Defined on demand so that importing this module never clashes with other CLIs."""
+    # Dataset.
+    flags.DEFINE_string("data_dir", None, "Folder with train-*/validation-* shards and labels.txt.")
+    flags.DEFINE_string("labels_file", None, "id:name file (default: <data_dir>/labels.txt).")
+    flags.DEFINE_string("train_split", "train", "Split name of the training shards.")
+    flags.DEFINE_string("eval_split", "validation", "Split name of the evaluation shards.")
+    # Input pipeline.
+    flags.DEFINE_integer("image_size", None, "Network input side (default: the net's own, 224).")
+    flags.DEFINE_integer("batch_size", 32, "Global training batch size (split across replicas).")
+    flags.DEFINE_integer("eval_batch_size", 64, "Evaluation batch size.")
+    flags.DEFINE_integer("shuffle_buffer", 2048, "Records in the training shuffle buffer.")
+    flags.DEFINE_integer("cycle_length", 8, "Shards read in parallel by interleave.")
+    flags.DEFINE_integer("num_parallel_calls", -1, "Parallel map calls (-1: AUTOTUNE).")
+    flags.DEFINE_integer("prefetch", -1, "Batches to prefetch (-1: AUTOTUNE).")
+    flags.DEFINE_string("cache", "", "Cache records: '' off, 'memory', or a file prefix.")
+    flags.DEFINE_float("min_crop_area", 0.25, "Smallest random-crop area, as a fraction.")
+    flags.DEFINE_float("max_crop_area", 1.0, "Largest random-crop area, as a fraction.")
+    flags.DEFINE_bool("random_flip", True, "Random left-right flips in training.")
+    flags.DEFINE_float("eval_central_fraction", 0.875,
+                       "Central crop kept before resizing in eval and serving (1.0: none).")
+    flags.DEFINE_bool("verify_shards", True, "Check every shard's record structure first.")
+    # Net.
+    flags.DEFINE_string("model_name", "resnet_v1_50", "Net from estimator/nets.py.")
+    # Fine-tuning.
+    flags.DEFINE_string("checkpoint_path", None, "Checkpoint file or directory to warm-start from.")
+    flags.DEFINE_list("checkpoint_exclude_scopes", [], "Scopes not restored (e.g. the head).")
+    flags.DEFINE_bool("ignore_missing_vars", False, "Train variables the checkpoint lacks from scratch.")
+    flags.DEFINE_list("trainable_scopes", [], "Only these scopes train (slim's meaning; all if empty).")
+    flags.DEFINE_list("freeze_scopes", [], "These scopes never train.")
+    flags.DEFINE_bool("frozen_bn_inference", True,
+                      "BatchNorm in frozen residual units runs in inference mode (stats untouched).")
+    # Optimisation.
+    flags.DEFINE_enum("optimizer", "momentum", ["momentum", "sgd", "rmsprop", "adam"], "Optimizer.")
+    flags.DEFINE_float("learning_rate", 0.01, "Initial learning rate.")
+    flags.DEFINE_enum("learning_rate_schedule", "fixed",
+                      ["fixed", "exponential", "polynomial", "piecewise", "cosine"], "LR schedule.")
+    flags.DEFINE_integer("decay_steps", 1000, "Steps of exponential/polynomial/cosine decay.")
+    flags.DEFINE_float("decay_rate", 0.94, "Exponential decay factor per decay_steps.")
+    flags.DEFINE_float("end_learning_rate", 1e-4, "Final LR of polynomial and cosine decay.")
+    flags.DEFINE_list("boundaries", [], "Piecewise schedule: step boundaries.")
+    flags.DEFINE_list("boundary_values", [], "Piecewise schedule: LRs (one more than boundaries).")
+    flags.DEFINE_integer("warmup_steps", 0, "Linear LR warm-up steps.")
+    flags.DEFINE_float("momentum", 0.9, "Momentum (momentum and rmsprop).")
+    flags.DEFINE_float("rmsprop_decay", 0.9, "RMSProp decay.")
+    flags.DEFINE_float("opt_epsilon", 1.0, "Epsilon of rmsprop and adam.")
+    flags.DEFINE_float("adam_beta1", 0.9, "Adam beta1.")
+    flags.DEFINE_float("adam_beta2", 0.999, "Adam beta2.")
+    flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay on trained conv weights.")
+    flags.DEFINE_float("label_smoothing", 0.0, "Label smoothing.")
+    flags.DEFINE_float("batch_norm_decay", 0.997,
+                       "BatchNorm moving-average decay; use ~0.9 for short runs.")
+    flags.DEFINE_float("moving_average_decay", None, "EMA of weights, used by eval and export.")
+    flags.DEFINE_float("clip_gradient_norm", 0.0, "Clip gradients to this global norm (0: off).")
+    # Run config.
+    flags.DEFINE_string("model_dir", None, "Checkpoints, summaries, exports.")
+    flags.DEFINE_enum("mode", "train_and_eval", ["train_and_eval", "train", "eval"], "What to run.")
+    flags.DEFINE_integer("max_steps", 1000, "Total training steps (global step).")
+    flags.DEFINE_integer("eval_steps", None, "Eval batches (default: the whole eval split).")
+    flags.DEFINE_integer("save_checkpoints_steps", 200, "Checkpoint every N steps.")
+    flags.DEFINE_integer("save_checkpoints_secs", None, "Or every N seconds (overrides steps).")
+    flags.DEFINE_integer("keep_checkpoint_max", 5, "Checkpoints kept.")
+    flags.DEFINE_integer("log_step_count_steps", 20, "Progress line every N steps.")
+    flags.DEFINE_integer("eval_throttle_secs", 10, "Least seconds between evaluations.")
+    flags.DEFINE_integer("seed", 0, "Graph-level seed for init, shuffling and crops.")
+    # Distribution and speed.
+    flags.DEFINE_enum("distribution", "auto", ["auto", "none", "mirrored", "collective"],
+                      "auto: mirrored with >1 GPU, PS when TF_CONFIG names ps, collective "
+                      "for a TF_CONFIG of workers only.")
+    flags.DEFINE_integer("num_gpus", 0, "GPUs to mirror over (MirroredStrategy when > 1).")
+    flags.DEFINE_integer("cpu_replicas", 0,
+                         "Split the CPU into N logical devices and mirror over them (tests the "
+                         "multi-device path without GPUs).")
+    flags.DEFINE_bool("xla", False, "XLA JIT compilation.")
+    flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16", "fp16"],
+                      "bf16: oneDNN auto mixed precision on CPUs with AVX512_BF16; fp16: GPUs.")
+    flags.DEFINE_integer("intra_op_threads", 0, "Threads inside ops (0: TF's choice).")
+    flags.DEFINE_integer("inter_op_threads", 0, "Ops run concurrently (0: TF's choice).")
+    # Export.
+    flags.DEFINE_bool("export", True, "Attach the Final and Best exporters (train_and_eval).")
+    flags.DEFINE_integer("exports_to_keep", 3, "BestExporter versions kept.")
+    flags.DEFINE_string("best_metric", "accuracy", "Eval metric the BestExporter maximises.")
+    flags.DEFINE_bool("verify_export", True, "Reload each export and compare with predict().")
 
-flags.mark_flags_as_required(["data_dir", "model_dir"])
+    flags.mark_flags_as_required(["data_dir", "model_dir"])
 
 CONFIG_FILE = "slimserve.json"
 
@@ -227,6 +229,7 @@ def _is_chief():
 
 
 def run():
+    define_flags()
     slimserve_quiet.quiet_tensorflow()
     app.run(main)
 

@@ -16,16 +16,18 @@ from absl import flags
 import slimserve_quiet
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "The training run's model_dir (has slimserve.json).")
-flags.DEFINE_string("checkpoint_path", None, "Checkpoint prefix (default: latest in model_dir).")
-flags.DEFINE_string("export_base", None,
-                    "Versions go to <export_base>/<version>/ (default <model_dir>/export/manual).")
-flags.DEFINE_string("data_dir", None,
-                    "TFRecords for warmup and verification images (default: the run's).")
-flags.DEFINE_string("eval_split", None, "Split of --data_dir to sample (default: the run's).")
-flags.DEFINE_bool("verify", True, "Compare the export with estimator.predict before publishing.")
-flags.DEFINE_integer("num_verify_images", 8, "Images used for verification.")
-flags.mark_flag_as_required("model_dir")
+def define_flags():
+    """Defined on demand so that importing this module never clashes with other CLIs."""
+    flags.DEFINE_string("model_dir", None, "The training run's model_dir (has slimserve.json).")
+    flags.DEFINE_string("checkpoint_path", None, "Checkpoint prefix (default: latest in model_dir).")
+    flags.DEFINE_string("export_base", None,
+                        "Versions go to <export_base>/<version>/ (default <model_dir>/export/manual).")
+    flags.DEFINE_string("data_dir", None,
+                        "TFRecords for warmup and verification images (default: the run's).")
+    flags.DEFINE_string("eval_split", None, "Split of --data_dir to sample (default: the run's).")
+    flags.DEFINE_bool("verify", True, "Compare the export with estimator.predict before publishing.")
+    flags.DEFINE_integer("num_verify_images", 8, "Images used for verification.")
+    flags.mark_flag_as_required("model_dir")
 
 
 def load_run_config(model_dir):
@@ -66,6 +68,7 @@ def main(argv):
 
 
 def run():
+    define_flags()
     slimserve_quiet.quiet_tensorflow()
     app.run(main)
 
