@@ -116,6 +116,8 @@ def _convert(args):
         return item, image_files.load_image(item.path, jpeg_quality), None
     except image_files.SkippedImage as skipped:
         return item, None, str(skipped)
+    except Exception as error:  # pylint: disable=broad-except  (never crash a conversion)
+        return item, None, "unreadable image: %s: %s" % (type(error).__name__, error)
 
 
 def _write_split(split, items, num_shards, label_ids, staging, pool, jpeg_quality,

@@ -35,6 +35,7 @@ def load_image(path, jpeg_quality=95):
         raise SkippedImage("unreadable: %s" % (error.strerror or error)) from None
     if not data:
         raise SkippedImage("empty file")
+    image_format = None
     try:
         image = Image.open(io.BytesIO(data))
         image_format = image.format
@@ -42,8 +43,8 @@ def load_image(path, jpeg_quality=95):
     except UnidentifiedImageError:
         raise SkippedImage("not an image (unrecognised format)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        raise SkippedImage("corrupt or truncated %s: %s" % (
-            (image_format or "image").upper(), error)) from None
+        kind = (image_format + " image") if image_format else "image"
+        raise SkippedImage("corrupt or truncated %s: %s" % (kind, error)) from None
     width, height = image.size
     if width < 1 or height < 1:
         raise SkippedImage("image has no pixels")

@@ -247,9 +247,12 @@ def ema_saver(config):
         sharded=True)
 
 
-def model_fn(features, labels, mode, params):
-    """Estimator model_fn; params is `dataclasses.asdict(ModelConfig)`."""
+def model_fn(features, labels, mode, params, config=None):
+    """Estimator model_fn; params is `dataclasses.asdict(ModelConfig)`, config the
+    RunConfig (its model_dir decides whether this is a resume)."""
+    run_config = config
     config = ModelConfig(**params).validate()
+    model_dir = getattr(run_config, "model_dir", None)
     is_training = mode == tf.estimator.ModeKeys.TRAIN
     images = features["image"] if isinstance(features, dict) else features
     update_ops_before = len(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
@@ -319,9 +322,13 @@ def model_fn(features, labels, mode, params):
         tf.compat.v1.summary.image("input", tf.clip_by_value(shown / 255.0, 0.0, 1.0),
                                    max_outputs=config.num_summary_images)
     if config.checkpoint_path:
-        apply_warm_start(config, spec)
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                      training_hooks=[])
+        resume = model_dir and tf.train.latest_checkpoint(model_dir)
+        if resume:
+            logging.info("resuming from %s; warm start from %s skipped", resume,
+                         config.checkpoint_path)
+        else:
+            apply_warm_start(config, spec)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def count_flops(config, image_size):

@@ -1,0 +1,63 @@
+"""Shared real-data fixtures: the digits image tree, its TFRecords, and small slim
+checkpoints made by the tests themselves (no downloads)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import slimserve_quiet
+
+slimserve_quiet.quiet_tensorflow()
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+IMAGE_SIZE = 32  # small enough for 2 cores, large enough for ResNet's five strides
+
+
+def run_cli(module, *args, check=True, timeout=900, env=None):
+    """Runs one of our CLIs in a fresh interpreter, as a user would."""
+    process = subprocess.run([sys.executable, "-m", module] + [str(a) for a in args],
+                             capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                             env=env)
+    if check and process.returncode != 0:
+        raise AssertionError("%s failed (%d):\n%s\n%s" % (
+            module, process.returncode, process.stdout[-3000:], process.stderr[-6000:]))
+    return process
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    import make_digits  # pylint: disable=import-outside-toplevel
+    folder = tmp_path_factory.mktemp("digits") / "images"
+    make_digits.write_digits(str(folder), size=IMAGE_SIZE)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def digits_data(tmp_path_factory, digits_dir):
+    from estimator import dataset  # pylint: disable=import-outside-toplevel
+    out = str(tmp_path_factory.mktemp("digits_tfrecords"))
+    dataset.build_dataset(digits_dir, out, validation_fraction=0.2, train_shards=4,
+                          validation_shards=2, seed=0, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, digits_data):
+    """A short resnet_v1_50 run on digits with the Final/Best exporters attached."""
+    model_dir = str(tmp_path_factory.mktemp("run"))
+    run_cli("estimator.train", "--data_dir", digits_data, "--model_dir", model_dir,
+            "--image_size", IMAGE_SIZE, "--max_steps", 60, "--batch_size", 32,
+            "--save_checkpoints_steps", 60, "--batch_norm_decay", 0.9,
+            "--learning_rate", 0.01, "--min_crop_area", 0.85, "--norandom_flip",
+            "--eval_central_fraction", 1.0, "--log_step_count_steps", 30)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def export_dir(trained_run):
+    base = os.path.join(trained_run, "export", "final")
+    versions = sorted(os.listdir(base))
+    return os.path.join(base, versions[-1])

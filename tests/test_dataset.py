@@ -1,0 +1,174 @@
+"""Dataset builder on real digits images, with planted bad files."""
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from estimator import dataset
+from estimator import schema
+
+
+def _records(data_dir, split):
+    out = []
+    for path in dataset.split_files(data_dir, split):
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            out.append(tf.train.Example.FromString(record))
+    return out
+
+
+def test_digits_round_trip_counts_and_labels(digits_dir, digits_data):
+    info = json.load(open(os.path.join(digits_data, schema.INFO_FILE)))
+    names = schema.read_labels(os.path.join(digits_data, schema.LABELS_FILE))
+    assert names == [str(i) for i in range(10)]
+    source = {name: len(os.listdir(os.path.join(digits_dir, name))) for name in names}
+    assert sum(source.values()) == 1797
+    seen = {}
+    for split in schema.SPLITS:
+        examples = _records(digits_data, split)
+        assert len(examples) == info["splits"][split]["count"]
+        for example in examples:
+            feature = example.features.feature
+            label = feature[schema.LABEL].int64_list.value[0]
+            text = feature[schema.TEXT].bytes_list.value[0].decode()
+            assert names[label] == text
+            filename = feature[schema.FILENAME].bytes_list.value[0].decode()
+            seen[(text, filename)] = split
+            assert feature[schema.FORMAT].bytes_list.value[0] == b"jpeg"
+    # Every image lands in exactly one split, with its folder's label.
+    assert len(seen) == 1797
+    assert {t for t, _ in seen} == set(names)
+    # Stratified: each class holds out round(20%).
+    for name in names:
+        held_out = sum(1 for (t, _), s in seen.items() if t == name and s == "validation")
+        assert held_out == int(round(source[name] * 0.2))
+
+
+def test_valid_jpeg_is_stored_byte_for_byte(digits_dir, digits_data):
+    example = _records(digits_data, "train")[0]
+    feature = example.features.feature
+    filename = feature[schema.FILENAME].bytes_list.value[0].decode()
+    label = feature[schema.TEXT].bytes_list.value[0].decode()
+    stored = feature[schema.ENCODED].bytes_list.value[0]
+    original = open(os.path.join(digits_dir, label, filename), "rb").read()
+    if filename.endswith(".jpg"):
+        assert stored == original
+    else:
+        assert stored[:2] == b"\xff\xd8"  # PNG converted to JPEG
+
+
+def _planted_tree(root, digits_dir):
+    for name in ("a", "b"):
+        os.makedirs(os.path.join(root, name))
+        for source in sorted(os.listdir(os.path.join(digits_dir, str(len(name)))))[:6]:
+            shutil.copy(os.path.join(digits_dir, str(len(name)), source),
+                        os.path.join(root, name, source))
+    rgb = np.random.RandomState(0).randint(0, 255, (20, 30, 3), np.uint8)
+    Image.fromarray(rgb).convert("CMYK").save(os.path.join(root, "a", "cmyk.jpg"))
+    Image.fromarray(rgb[..., 0]).save(os.path.join(root, "a", "grey.jpg"))
+    Image.fromarray(rgb).save(os.path.join(root, "b", "photo.png"))
+    Image.fromarray(rgb).save(os.path.join(root, "b", "photo.bmp"))
+    Image.fromarray(rgb).convert("P").save(os.path.join(root, "b", "anim.gif"))
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="JPEG")
+    open(os.path.join(root, "a", "truncated.jpg"), "wb").write(buffer.getvalue()[:200])
+    open(os.path.join(root, "a", "empty.jpg"), "wb").close()
+    open(os.path.join(root, "b", "notes.txt"), "w").write("not an image")
+    open(os.path.join(root, "stray.jpg"), "wb").write(buffer.getvalue())
+    open(os.path.join(root, "b", ".DS_Store"), "wb").write(b"\0\0")
+
+
+def test_planted_files_convert_or_skip_with_reasons(tmp_path, digits_dir):
+    _planted_tree(str(tmp_path / "in"), digits_dir)
+    info = dataset.build_dataset(str(tmp_path / "in"), str(tmp_path / "out"),
+                                 validation_fraction=0.25, train_shards=2,
+                                 validation_shards=1, show_progress=False)
+    skipped = {os.path.relpath(e["path"], str(tmp_path / "in")): e["reason"]
+               for e in info["skipped"]}
+    assert set(skipped) == {"a/truncated.jpg", "a/empty.jpg", "b/notes.txt", "stray.jpg",
+                            "b/.DS_Store"}
+    assert skipped["a/empty.jpg"] == "empty file"
+    assert skipped["a/truncated.jpg"].startswith("corrupt or truncated")
+    assert skipped["b/notes.txt"].startswith("not an image")
+    assert skipped["stray.jpg"] == "not inside a class folder"
+    total = sum(info["splits"][s]["count"] for s in schema.SPLITS)
+    assert total == 12 + 5  # six digits per class + cmyk, grey, png, bmp, gif
+    examples = _records(str(tmp_path / "out"), "train") + _records(str(tmp_path / "out"),
+                                                                    "validation")
+    for example in examples:
+        encoded = example.features.feature[schema.ENCODED].bytes_list.value[0]
+        image = tf.io.decode_jpeg(encoded)
+        assert image.shape[-1] == 3
+    assert json.load(open(tmp_path / "out" / schema.INFO_FILE))["skipped"] == info["skipped"]
+
+
+def test_csv_input_and_reproducible_split(tmp_path, digits_dir):
+    rows = ["path,label"]
+    for label in ("3", "7"):
+        for name in sorted(os.listdir(os.path.join(digits_dir, label)))[:10]:
+            rows.append("%s,%s" % (os.path.join(digits_dir, label, name), "digit" + label))
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("\n".join(rows) + "\n")
+    first = dataset.build_dataset(str(csv_path), str(tmp_path / "one"), 0.3, seed=5,
+                                  train_shards=2, validation_shards=1, show_progress=False)
+    second = dataset.build_dataset(str(csv_path), str(tmp_path / "two"), 0.3, seed=5,
+                                   train_shards=2, validation_shards=1, show_progress=False)
+    assert first["labels"] == ["digit3", "digit7"]
+    for split in schema.SPLITS:
+        a = [e.SerializeToString() for e in _records(str(tmp_path / "one"), split)]
+        b = [e.SerializeToString() for e in _records(str(tmp_path / "two"), split)]
+        assert a == b
+    assert first["splits"]["validation"]["per_class"] == {"digit3": 3, "digit7": 3}
+
+
+def test_bad_csv_names_the_line(tmp_path):
+    csv_path = tmp_path / "bad.csv"
+    csv_path.write_text("a.jpg,cat\nb.jpg\n")
+    with pytest.raises(dataset.DatasetError, match=r"bad\.csv:2: expected 2 columns"):
+        dataset.build_dataset(str(csv_path), str(tmp_path / "out"), show_progress=False)
+
+
+def test_refuses_existing_output_and_overwrite_replaces_it(tmp_path, digits_dir):
+    source = tmp_path / "in"
+    _planted_tree(str(source), digits_dir)
+    out = str(tmp_path / "out")
+    dataset.build_dataset(str(source), out, 0.25, train_shards=3, validation_shards=1,
+                          show_progress=False)
+    before = sorted(os.listdir(out))
+    with pytest.raises(dataset.DatasetError, match="--overwrite"):
+        dataset.build_dataset(str(source), out, 0.25, show_progress=False)
+    assert sorted(os.listdir(out)) == before
+    dataset.build_dataset(str(source), out, 0.25, train_shards=1, validation_shards=1,
+                          overwrite=True, show_progress=False)
+    assert sorted(n for n in os.listdir(out) if n.startswith("train")) == [
+        "train-00000-of-00001"]
+
+
+def test_failure_midway_leaves_no_finished_looking_shard(tmp_path, digits_dir, monkeypatch):
+    source = tmp_path / "in"
+    _planted_tree(str(source), digits_dir)
+    out = tmp_path / "out"
+    real = dataset._write_split  # pylint: disable=protected-access
+    calls = []
+
+    def fail_on_validation(split, *args, **kwargs):
+        calls.append(split)
+        if split == "validation":
+            raise KeyboardInterrupt("simulated interruption")
+        return real(split, *args, **kwargs)
+
+    monkeypatch.setattr(dataset, "_write_split", fail_on_validation)
+    with pytest.raises(KeyboardInterrupt):
+        dataset.build_dataset(str(source), str(out), 0.25, train_shards=2,
+                              validation_shards=1, show_progress=False)
+    assert calls == ["train", "validation"]
+    assert [n for n in os.listdir(out) if not n.startswith(".")] == []
+    monkeypatch.setattr(dataset, "_write_split", real)
+    info = dataset.build_dataset(str(source), str(out), 0.25, train_shards=2,
+                                 validation_shards=1, show_progress=False)
+    assert info["splits"]["train"]["count"] > 0
+    assert dataset.PARTIAL_DIR not in os.listdir(out)
