@@ -69,6 +69,8 @@ class Batcher:
         self._queues = collections.OrderedDict()  # key -> (servable, sig, outputs, [tasks])
         self._queued_rows = 0
         self._stopped = False
+        self.batches_run = 0  # for tests and metrics: how much batching happened
+        self.rows_run = 0
         self._threads = [threading.Thread(target=self._work, name="batch-%d" % i, daemon=True)
                          for i in range(params.num_batch_threads)]
         for thread in self._threads:
@@ -134,6 +136,9 @@ class Batcher:
             if batch is None:
                 return
             servable, sig, outputs, tasks = batch
+            with self._cond:
+                self.batches_run += 1
+                self.rows_run += sum(t.rows for t in tasks)
             self._execute(servable, sig, outputs, tasks)
 
     @staticmethod

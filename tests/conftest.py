@@ -51,7 +51,8 @@ def trained_run(tmp_path_factory, digits_data):
     run_cli("estimator.train", "--data_dir", digits_data, "--model_dir", model_dir,
             "--image_size", IMAGE_SIZE, "--max_steps", 60, "--batch_size", 32,
             "--save_checkpoints_steps", 60, "--batch_norm_decay", 0.9,
-            "--learning_rate", 0.01, "--min_crop_area", 0.85, "--norandom_flip",
+            "--optimizer", "adam", "--learning_rate", 0.001, "--opt_epsilon", 1e-8,
+            "--min_crop_area", 0.85, "--norandom_flip",
             "--eval_central_fraction", 1.0, "--log_step_count_steps", 30)
     return model_dir
 

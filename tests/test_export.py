@@ -1,0 +1,180 @@
+"""Exports from a real short training run: signatures, saved_model_cli, Classify,
+a TF-only process, bad images, atomic publication."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from estimator import dataset
+from estimator import schema
+from export import signatures
+from export import verify
+from export import writer
+
+CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+
+
+def _validation_examples(data_dir, count):
+    out = []
+    for path in dataset.split_files(data_dir, "validation"):
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            out.append(tf.train.Example.FromString(record))
+            if len(out) == count:
+                return out
+    return out
+
+
+def _encoded(example):
+    return example.features.feature[schema.ENCODED].bytes_list.value[0]
+
+
+def _label(example):
+    return example.features.feature[schema.LABEL].int64_list.value[0]
+
+
+def test_final_and_best_exports_exist_with_assets(trained_run, export_dir):
+    assert sorted(os.listdir(os.path.join(trained_run, "export"))) == ["best", "final"]
+    assert os.path.exists(os.path.join(export_dir, "saved_model.pb"))
+    labels = open(os.path.join(export_dir, "assets", signatures.LABELS_ASSET)).read()
+    assert labels.splitlines()[:2] == ["0:0", "1:1"]
+    assert os.path.getsize(os.path.join(export_dir, signatures.EXTRA_DIR,
+                                        signatures.WARMUP_FILE)) > 1000
+    best = os.path.join(trained_run, "export", "best")
+    version = sorted(os.listdir(best))[-1]
+    result = json.load(open(os.path.join(best, version, signatures.EXTRA_DIR, "eval_result.json")))
+    assert 0.0 <= result["accuracy"] <= 1.0
+
+
+def test_saved_model_cli_lists_three_signatures_with_methods(export_dir):
+    shown = subprocess.run([CLI, "show", "--dir", export_dir, "--all"], capture_output=True,
+                           text=True, check=True).stdout
+    for name in (signatures.DEFAULT, signatures.PREDICT_IMAGES, signatures.CLASSIFY):
+        assert "signature_def['%s']" % name in shown
+    assert shown.count("Method name is: tensorflow/serving/predict") == 2
+    assert shown.count("Method name is: tensorflow/serving/classify") == 1
+    assert "inputs['image_bytes'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)" \
+        in shown
+
+
+def test_saved_model_cli_run_on_a_real_jpeg(export_dir, digits_data, tmp_path):
+    examples = _validation_examples(digits_data, 40)
+    expected = _reference(export_dir, [_encoded(e) for e in examples])
+    # pick an image the model classifies correctly, then run it through the CLI
+    index = next(i for i, e in enumerate(examples) if expected[i] == _label(e))
+    np.save(tmp_path / "batch.npy", np.array([_encoded(examples[index])], dtype=object))
+    out = subprocess.run([CLI, "run", "--dir", export_dir, "--tag_set", "serve",
+                          "--signature_def", signatures.DEFAULT, "--inputs",
+                          "image_bytes=%s" % (tmp_path / "batch.npy")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "classes" in out
+    classes_line = out[out.index("Result for output key classes:"):].splitlines()[1]
+    assert classes_line.strip() == "[%d]" % _label(examples[index])
+
+
+def _reference(export_dir, images):
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
+        out = verify.run_signature(session, meta, signatures.DEFAULT,
+                                   {signatures.IMAGE_BYTES: np.array(images, dtype=object)})
+    return out[signatures.CLASSES]
+
+
+def test_all_signatures_agree_and_classify_reads_validation_examples(export_dir, digits_data):
+    examples = _validation_examples(digits_data, 12)
+    pixels = np.stack([tf.image.resize(tf.io.decode_jpeg(_encoded(e), channels=3),
+                                       [32, 32]).numpy() for e in examples])
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
+        by_bytes = verify.run_signature(session, meta, signatures.DEFAULT, {
+            signatures.IMAGE_BYTES: np.array([_encoded(e) for e in examples], dtype=object)})
+        by_example = verify.run_signature(session, meta, signatures.CLASSIFY, {
+            signatures.EXAMPLES: np.array([e.SerializeToString() for e in examples],
+                                          dtype=object)})
+        by_pixels = verify.run_signature(session, meta, signatures.PREDICT_IMAGES,
+                                         {signatures.IMAGES: pixels})
+    probabilities = by_bytes[signatures.PROBABILITIES]
+    np.testing.assert_allclose(by_example[signatures.SCORES], probabilities, atol=1e-6)
+    assert by_example[signatures.CLASSES].shape == (12, 10)
+    assert by_example[signatures.CLASSES][0].tolist() == [str(i).encode() for i in range(10)]
+    # 32x32 sources resized to 32x32 are the same pixels the bytes path computes
+    np.testing.assert_allclose(by_pixels[signatures.PROBABILITIES], probabilities, atol=1e-5)
+    names = by_bytes[signatures.CLASS_NAMES]
+    assert [n.decode() for n in names] == [str(c) for c in by_bytes[signatures.CLASSES]]
+
+
+def test_a_tensorflow_only_process_reproduces_the_probabilities(export_dir, digits_data,
+                                                                 tmp_path):
+    images = [_encoded(e) for e in _validation_examples(digits_data, 6)]
+    np.save(tmp_path / "images.npy", np.array(images, dtype=object))
+    script = """
+import sys, numpy as np, tensorflow as tf
+assert not any(m.split('.')[0] in ('estimator', 'export', 'serving') for m in sys.modules)
+images = np.load(sys.argv[2], allow_pickle=True)
+loaded = tf.saved_model.load(sys.argv[1])
+out = loaded.signatures['serving_default'](image_bytes=tf.constant(list(images)))
+np.save(sys.argv[3], out['probabilities'].numpy())
+assert not any(m.split('.')[0] in ('estimator', 'export', 'serving') for m in sys.modules)
+"""
+    subprocess.run([sys.executable, "-c", script, export_dir, str(tmp_path / "images.npy"),
+                    str(tmp_path / "out.npy")], check=True, cwd=str(tmp_path),
+                   capture_output=True)
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
+        here = verify.run_signature(session, meta, signatures.DEFAULT, {
+            signatures.IMAGE_BYTES: np.array(images, dtype=object)})[signatures.PROBABILITIES]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), here, atol=1e-6)
+
+
+def test_undecodable_image_fails_the_request_cleanly(export_dir):
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="image"):
+            verify.run_signature(session, meta, signatures.DEFAULT,
+                                 {signatures.IMAGE_BYTES: np.array([b"\xff\xd8garbage"],
+                                                                   dtype=object)})
+        # the session still serves after the failed request
+        good = verify.run_signature(session, meta, signatures.PREDICT_IMAGES,
+                                    {signatures.IMAGES: np.zeros([1, 32, 32, 3], np.float32)})
+        assert good[signatures.PROBABILITIES].shape == (1, 10)
+
+
+def test_export_cli_publishes_atomically_and_rejects_a_failed_verification(
+        trained_run, tmp_path, monkeypatch):
+    from tests.conftest import run_cli  # pylint: disable=import-outside-toplevel
+    base = tmp_path / "models"
+    out = run_cli("export.main", "--model_dir", trained_run, "--export_base", base)
+    version_dir = out.stdout.strip().splitlines()[-1]
+    assert os.path.dirname(version_dir) == str(base)
+    assert os.listdir(base) == [os.path.basename(version_dir)]
+
+    # A verification failure leaves nothing behind: no version, no temporary dir.
+    from estimator import model, train  # pylint: disable=import-outside-toplevel
+    run = json.load(open(os.path.join(trained_run, train.CONFIG_FILE)))
+    config = model.ModelConfig(**run["model"])
+    seen = []
+
+    def fail(temp_dir):
+        seen.append(sorted(os.listdir(temp_dir)))
+        assert os.path.basename(temp_dir).startswith(writer.TEMP_PREFIX)
+        raise verify.ExportVerificationError("simulated mismatch")
+
+    with pytest.raises(verify.ExportVerificationError):
+        writer.write_saved_model(str(base), tf.train.latest_checkpoint(trained_run), config,
+                                 run["serving"], before_publish=fail)
+    assert seen and "saved_model.pb" in seen[0] and "assets.extra" in seen[0]
+    assert os.listdir(base) == [os.path.basename(version_dir)]
+
+
+def test_export_cli_names_a_missing_run(tmp_path):
+    from tests.conftest import run_cli  # pylint: disable=import-outside-toplevel
+    out = run_cli("export.main", "--model_dir", tmp_path, check=False)
+    assert out.returncode != 0
+    assert "slimserve.json not found" in out.stderr

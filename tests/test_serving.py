@@ -1,0 +1,328 @@
+"""The embedded server over real gRPC and HTTP on loopback, against a real export."""
+import base64
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from estimator import dataset
+from estimator import schema
+from export import signatures
+from export import verify
+from serving import batching
+from serving import client as client_lib
+from serving import models
+from serving import server as server_lib
+
+
+def _images(data_dir, count):
+    out = []
+    for path in dataset.split_files(data_dir, "validation"):
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            example = tf.train.Example.FromString(record)
+            out.append(example.features.feature[schema.ENCODED].bytes_list.value[0])
+            if len(out) == count:
+                return out
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_path(tmp_path_factory, export_dir):
+    base = tmp_path_factory.mktemp("models") / "resnet"
+    base.mkdir()
+    shutil.copytree(export_dir, base / "1")
+    return str(base)
+
+
+@pytest.fixture(scope="module")
+def server(base_path):
+    instance = server_lib.ModelServer(
+        [models.ModelConfig("resnet", base_path)], port=0, rest_api_port=_free_port(),
+        poll_seconds=0.2, batching=batching.BatchingParameters(max_batch_size=16,
+                                                               batch_timeout_micros=2000),
+        monitoring_path="/monitoring/prometheus/metrics").start()
+    yield instance
+    instance.stop()
+
+
+def _free_port():
+    import socket  # pylint: disable=import-outside-toplevel
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    instance = client_lib.Client("127.0.0.1:%d" % server.port, retries=0)
+    yield instance
+    instance.close()
+
+
+def _in_process(export_dir, images):
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
+        return verify.run_signature(session, meta, signatures.DEFAULT,
+                                    {signatures.IMAGE_BYTES: np.array(images, dtype=object)})
+
+
+def _rest(server, path, body=None, raw=None):
+    url = "http://127.0.0.1:%d%s" % (server.rest_api_port, path)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_grpc_predictions_equal_in_process_results(client, export_dir, digits_data):
+    images = _images(digits_data, 8)
+    served = client.predict_images(images)
+    local = _in_process(export_dir, images)
+    np.testing.assert_allclose(served["probabilities"], local["probabilities"], atol=1e-6)
+    assert served["classes"].tolist() == local["classes"].tolist()
+    classified = client.classify(images)
+    assert [max(pairs, key=lambda p: p[1])[0] for pairs in classified] == [
+        n.decode() for n in served["class_names"]]
+    assert set(client.metadata()) == {"serving_default", "predict_images", "classify"}
+    assert client.status() == [(1, "AVAILABLE", "")]
+
+
+def test_rest_b64_row_and_columnar_match_grpc(server, client, digits_data):
+    images = _images(digits_data, 4)
+    grpc_classes = client.predict_images(images)["classes"].tolist()
+    b64 = [{"b64": base64.b64encode(i).decode()} for i in images]
+    status, rows = _rest(server, "/v1/models/resnet:predict", {"instances": b64})
+    assert status == 200
+    assert [r["classes"] for r in rows["predictions"]] == grpc_classes
+    assert [r["class_names"] for r in rows["predictions"]] == [str(c) for c in grpc_classes]
+    status, columns = _rest(server, "/v1/models/resnet/versions/1:predict",
+                            {"inputs": {"image_bytes": b64}})
+    assert status == 200 and columns["outputs"]["classes"] == grpc_classes
+    status, classified = _rest(server, "/v1/models/resnet:classify", {
+        "signature_name": "classify",
+        "examples": [{"image/encoded": item} for item in b64]})
+    assert status == 200
+    assert [max(r, key=lambda p: p[1])[0] for r in classified["results"]] == [
+        str(c) for c in grpc_classes]
+    status, meta = _rest(server, "/v1/models/resnet/metadata")
+    assert status == 200 and "classify" in meta["metadata"]["signature_def"]["signature_def"]
+    status, state = _rest(server, "/v1/models/resnet")
+    assert state["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+@pytest.mark.parametrize("case, feeds, spec, code", [
+    ("wrong dtype", {"image_bytes": np.zeros([1], np.float32)}, {}, "INVALID_ARGUMENT"),
+    ("wrong shape", {"images": np.zeros([1, 5, 5, 3], np.float32)},
+     {"signature_name": "predict_images"}, "INVALID_ARGUMENT"),
+    ("empty batch", {"image_bytes": np.array([], dtype=object)}, {}, "INVALID_ARGUMENT"),
+    ("non-image bytes", {"image_bytes": np.array([b"hello"], dtype=object)}, {},
+     "INVALID_ARGUMENT"),
+    ("wrong input key", {"pixels": np.array([b"x"], dtype=object)}, {}, "INVALID_ARGUMENT"),
+    ("unknown model", {"image_bytes": np.array([b"x"], dtype=object)}, {"name": "nope"},
+     "NOT_FOUND"),
+    ("unknown version", {"image_bytes": np.array([b"x"], dtype=object)}, {"version": 99},
+     "NOT_FOUND"),
+    ("unknown signature", {"image_bytes": np.array([b"x"], dtype=object)},
+     {"signature_name": "nope"}, "NOT_FOUND"),
+])
+def test_grpc_error_battery(server, client, digits_data, case, feeds, spec, code):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(client.channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = spec.get("name", "resnet")
+    if "version" in spec:
+        request.model_spec.version.value = spec["version"]
+    request.model_spec.signature_name = spec.get("signature_name", "serving_default")
+    for key, value in feeds.items():
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Predict(request, timeout=30)
+    assert caught.value.code().name == code, (case, caught.value.details())
+    assert caught.value.details()
+    # and the server keeps serving
+    assert client.predict_images(_images(digits_data, 1))["classes"].shape == (1,)
+
+
+def test_unknown_output_filter_is_invalid(client, digits_data):
+    with pytest.raises(grpc.RpcError) as caught:
+        client.predict({"image_bytes": _images(digits_data, 1)}, output_filter=["nope"])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    only = client.predict({"image_bytes": _images(digits_data, 1)}, output_filter=["classes"])
+    assert set(only) == {"classes"}
+
+
+@pytest.mark.parametrize("case, path, body, status", [
+    ("malformed JSON", "/v1/models/resnet:predict", b"{not json", 400),
+    ("b64 garbage", "/v1/models/resnet:predict", {"instances": [{"b64": "***"}]}, 400),
+    ("non-image bytes", "/v1/models/resnet:predict",
+     {"instances": [{"b64": base64.b64encode(b"hello").decode()}]}, 400),
+    ("unknown model", "/v1/models/nope:predict", {"instances": [{"b64": "aGk="}]}, 404),
+    ("unknown version", "/v1/models/resnet/versions/7:predict",
+     {"instances": [{"b64": "aGk="}]}, 404),
+    ("rows and columns", "/v1/models/resnet:predict",
+     {"instances": [{"b64": "aGk="}], "inputs": [{"b64": "aGk="}]}, 400),
+    ("bad path", "/v1/nothing", {"instances": []}, 404),
+])
+def test_rest_error_battery(server, case, path, body, status):
+    raw = body if isinstance(body, bytes) else None
+    code, payload = _rest(server, path, None if raw else body, raw=raw)
+    assert code == status, (case, payload)
+    assert payload["error"]
+
+
+def test_oversized_message_is_resource_exhausted(base_path, digits_data):
+    small = server_lib.ModelServer(
+        [models.ModelConfig("resnet", base_path)], port=0, rest_api_port=0,
+        poll_seconds=0, grpc_options=[("grpc.max_receive_message_length", 64 * 1024)]).start()
+    try:
+        client = client_lib.Client("127.0.0.1:%d" % small.port, retries=0)
+        with pytest.raises(grpc.RpcError) as caught:
+            client.predict({"images": np.zeros([40, 32, 32, 3], np.float32)},
+                           signature_name="predict_images")
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert client.predict_images(_images(digits_data, 1))["classes"].shape == (1,)
+    finally:
+        small.stop()
+
+
+def test_200_concurrent_requests_with_batching_all_succeed(server, client, digits_data):
+    images = _images(digits_data, 20)
+    before = server.batcher.batches_run, server.batcher.rows_run
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(lambda i: client.predict_images([images[i % 20]]), range(200)))
+    assert len(results) == 200
+    reference = client.predict_images(images)["classes"].tolist()
+    assert [r["classes"][0] for r in results] == [reference[i % 20] for i in range(200)]
+    batches = server.batcher.batches_run - before[0]
+    rows = server.batcher.rows_run - before[1]
+    assert rows >= 200 and batches < 200  # requests really were merged
+
+
+def test_full_queue_answers_unavailable_and_recovers(base_path, digits_data):
+    tight = server_lib.ModelServer(
+        [models.ModelConfig("resnet", base_path)], port=0, rest_api_port=0, poll_seconds=0,
+        batching=batching.BatchingParameters(max_batch_size=1, batch_timeout_micros=0,
+                                             max_enqueued_batches=1, num_batch_threads=1)
+    ).start()
+    try:
+        client = client_lib.Client("127.0.0.1:%d" % tight.port, retries=0)
+        image = _images(digits_data, 1)
+
+        def call(_):
+            try:
+                client.predict_images(image)
+                return "OK"
+            except grpc.RpcError as error:
+                return error.code().name
+
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            codes = list(pool.map(call, range(96)))
+        assert set(codes) <= {"OK", "UNAVAILABLE"}
+        assert "UNAVAILABLE" in codes and "OK" in codes
+        assert call(0) == "OK"
+    finally:
+        tight.stop()
+
+
+def test_new_version_under_load_is_picked_up_with_zero_failures(server, client, base_path,
+                                                                export_dir, digits_data):
+    images = _images(digits_data, 4)
+    stop = threading.Event()
+    failures, versions = [], []
+
+    def load():
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(client.channel)
+        while not stop.is_set():
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = "resnet"
+            request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto(images))
+            try:
+                versions.append(stub.Predict(request, timeout=30).model_spec.version.value)
+            except grpc.RpcError as error:
+                failures.append(error.code().name)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    staging = os.path.join(base_path, ".incoming")
+    shutil.copytree(export_dir, staging)
+    os.rename(staging, os.path.join(base_path, "2"))
+    deadline = time.time() + 60
+    while time.time() < deadline and (not versions or versions[-1] != 2):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert versions[0] == 1 and versions[-1] == 2
+    assert client.status() == [(2, "AVAILABLE", ""), (1, "END", "")]
+
+
+def test_metrics_endpoint_counts_requests(server, client, digits_data):
+    client.predict_images(_images(digits_data, 1))
+    with urllib.request.urlopen("http://127.0.0.1:%d/monitoring/prometheus/metrics"
+                                % server.rest_api_port) as response:
+        text = response.read().decode()
+    assert ':tensorflow:serving:request_count{model_name="resnet",api="predict",status="OK"}' \
+        in text
+    assert "request_latency_ms_bucket" in text
+
+
+def test_model_config_file_and_sigterm(tmp_path, base_path, digits_data):
+    config = tmp_path / "models.config"
+    config.write_text("""
+model_config_list {
+  config {
+    name: "digits"
+    base_path: "%s"
+    model_platform: "tensorflow"
+    model_version_policy { specific { versions: 1 } }
+    version_labels { key: "stable" value: 1 }
+  }
+}
+""" % base_path)
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving.server", "--port", str(port), "--rest_api_port", "0",
+         "--model_config_file", str(config), "--file_system_poll_wait_seconds", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert "gRPC 127.0.0.1:%d" % port in line, process.stderr.read()
+        client = client_lib.Client("127.0.0.1:%d" % port, model_name="digits",
+                                   version_label="stable")
+        assert client.predict_images(_images(digits_data, 2))["classes"].shape == (2,)
+        assert client_lib.Client("127.0.0.1:%d" % port, model_name="digits").status()[0][:2] \
+            == (1, "AVAILABLE")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert "shutting down gracefully" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_server_cli_names_a_bad_flag_combination():
+    out = subprocess.run([sys.executable, "-m", "serving.server", "--model_base_path", "/x",
+                          "--model_config_file", "/y"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0
+    assert "exactly one of --model_base_path or --model_config_file" in out.stderr
