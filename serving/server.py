@@ -97,8 +97,10 @@ class ModelServer:
         self.batcher = batching_lib.Batcher(batching) if batching else None
         self.service = service.InferenceService(self.manager, self.batcher, self.metrics)
         self._poll_seconds = poll_seconds
-        options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                   ("grpc.max_send_message_length", _MAX_MESSAGE)] + list(grpc_options)
+        options = dict([("grpc.max_receive_message_length", _MAX_MESSAGE),
+                        ("grpc.max_send_message_length", _MAX_MESSAGE)])
+        options.update(dict(grpc_options))  # gRPC would honour the first of duplicates
+        options = list(options.items())
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=grpc_max_threads),
                                  options=options)
         grpc_service.add_to_server(self._grpc, self.service)

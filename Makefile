@@ -1,0 +1,35 @@
+# slimserve: `make demo` (the whole chain) and `make test` (the suite) on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench bench-input bench-train bench-serve clean
+
+$(STAMP): setup.py
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py --fresh
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: bench-input bench-train bench-serve
+
+bench-input: $(STAMP)
+	$(PY) benchmarks/bench_input.py
+
+bench-train: $(STAMP)
+	$(PY) benchmarks/bench_train.py
+
+bench-serve: $(STAMP)
+	$(PY) benchmarks/bench_serve.py
+
+clean:
+	rm -rf demo_out bench_out .pytest_cache
