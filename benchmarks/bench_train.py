@@ -1,0 +1,125 @@
+"""Training-step speed: the Estimator vs a bare tf.compat.v1.Session loop on the same
+graph with in-memory data, and the real input_fn vs synthetic data; resnet_v1_50 at 224
+and at a small size, with achieved GFLOP/s.
+
+    make bench-train        (python benchmarks/bench_train.py --help)
+"""
+import argparse
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+import common  # pylint: disable=wrong-import-order
+
+import slimserve_quiet  # pylint: disable=wrong-import-order
+
+slimserve_quiet.quiet_tensorflow()
+import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
+
+from estimator import dataset, inputs, model, run_config, schema  # noqa: E402  pylint: disable=wrong-import-position
+
+
+class _StepTimer(tf.estimator.SessionRunHook):
+    """Times steps after `skip` warm-up steps, inside the Estimator's own loop."""
+
+    def __init__(self, skip):
+        self.skip, self.count, self.started, self.elapsed = skip, 0, None, None
+
+    def after_run(self, run_context, run_values):
+        self.count += 1
+        if self.count == self.skip:
+            self.started = time.perf_counter()
+        elif self.count > self.skip:
+            self.elapsed = time.perf_counter() - self.started
+
+
+def _config(size, precision):
+    return model.ModelConfig(model_name="resnet_v1_50", num_classes=10, image_size=size,
+                             optimizer="momentum", learning_rate=0.01,
+                             batch_norm_decay=0.9), run_config.session_config(
+                                 precision=precision)
+
+
+def bare_session(size, batch, steps, skip, precision):
+    config, session_config = _config(size, precision)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(0)
+        rng = np.random.RandomState(0)
+        images = tf.constant(rng.randn(batch, size, size, 3).astype(np.float32))
+        labels = tf.constant(rng.randint(0, 10, batch).astype(np.int32))
+        spec = model.model_fn({"image": images}, labels, tf.estimator.ModeKeys.TRAIN,
+                              dataclasses.asdict(config))
+        with tf.compat.v1.Session(config=session_config) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(skip):
+                session.run(spec.train_op)
+            started = time.perf_counter()
+            for _ in range(steps):
+                session.run(spec.train_op)
+            return steps * batch / (time.perf_counter() - started)
+
+
+def estimator_rate(size, batch, steps, skip, precision, input_fn, model_dir):
+    config, session_config = _config(size, precision)
+    estimator = tf.estimator.Estimator(
+        model.model_fn, model_dir=model_dir, params=dataclasses.asdict(config),
+        config=tf.estimator.RunConfig(session_config=session_config, tf_random_seed=0,
+                                      save_checkpoints_steps=10 ** 6, save_summary_steps=10 ** 6,
+                                      log_step_count_steps=10 ** 6))
+    timer = _StepTimer(skip)
+    estimator.train(input_fn, steps=skip + steps, hooks=[timer])
+    return steps * batch / timer.elapsed
+
+
+def synthetic_input_fn(size, batch):
+    def input_fn():
+        rng = np.random.RandomState(0)
+        features = {"image": tf.constant(rng.randn(batch, size, size, 3).astype(np.float32))}
+        labels = tf.constant(rng.randint(0, 10, batch).astype(np.int32))
+        return tf.data.Dataset.from_tensors((features, labels)).repeat()
+    return input_fn
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="224,32", help="Image sides to measure.")
+    parser.add_argument("--batch_sizes", default="16,32", help="Batch size per image side.")
+    parser.add_argument("--steps", default="8,60", help="Timed steps per image side.")
+    parser.add_argument("--skip", type=int, default=3, help="Warm-up steps not timed.")
+    parser.add_argument("--precision", default="fp32", choices=run_config.PRECISIONS,
+                        help="fp32, or bf16 via oneDNN auto mixed precision.")
+    args = parser.parse_args()
+    import make_photos  # pylint: disable=import-outside-toplevel
+    photos = common.work_dir("photos")
+    data_dir = os.path.join(common.WORK, "photos_tfrecords")
+    if not os.listdir(photos):
+        make_photos.write_photos(photos, 400)
+    if not os.path.exists(os.path.join(data_dir, schema.INFO_FILE)):
+        dataset.build_dataset(photos, data_dir, 0.0, train_shards=8, validation_shards=1,
+                              show_progress=False)
+    rows = []
+    for size, batch, steps in zip(*(map(int, v.split(",")) for v in (
+            args.sizes, args.batch_sizes, args.steps))):
+        flops = 3 * model.count_flops(_config(size, "fp32")[0], size)  # fwd + bwd ~ 3x fwd
+        real = inputs.make_input_fn(data_dir, schema.TRAIN, True, inputs.InputConfig(
+            image_size=size, batch_size=batch, seed=0, shuffle_buffer=256))
+        run_dir = common.work_dir("train_%d" % size)
+        bare = bare_session(size, batch, steps, args.skip, args.precision)
+        synthetic = estimator_rate(size, batch, steps, args.skip, args.precision,
+                                   synthetic_input_fn(size, batch), os.path.join(run_dir, "s"))
+        real_rate = estimator_rate(size, batch, steps, args.skip, args.precision, real,
+                                   os.path.join(run_dir, "r"))
+        for name, rate in (("bare Session, in-memory batch", bare),
+                           ("Estimator, synthetic input", synthetic),
+                           ("Estimator, real input_fn", real_rate)):
+            rows.append([size, batch, name, "%.1f" % rate, "%.2f" % (rate / bare),
+                         "%.1f" % (rate * flops / 1e9)])
+    common.table("resnet_v1_50 training step (%s, %d cores)" % (args.precision, os.cpu_count()),
+                 ["size", "batch", "loop", "images/s", "vs bare", "GFLOP/s"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Helpers shared by the benchmarks: timing, tables, peak memory, work folders."""
+import os
+import resource
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+WORK = os.path.join(ROOT, "bench_out")
+
+
+def work_dir(name):
+    path = os.path.join(WORK, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def timed(fn, min_seconds=5.0, warmup=1):
+    """Calls fn() (which returns the number of items it processed) until min_seconds
+    pass; returns items per second, excluding `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    items, started = 0, time.perf_counter()
+    while time.perf_counter() - started < min_seconds:
+        items += fn()
+    return items / (time.perf_counter() - started)
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def table(title, header, rows):
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    print("\n" + title)
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print(line(row))

@@ -1,0 +1,81 @@
+"""Multi-device and multi-worker training with the same train command.
+
+Two logical CPU devices stand in for two GPUs (MirroredStrategy), and a local
+cluster of processes on loopback ports (chief, worker, ps) for a multi-worker job.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import tensorflow as tf
+
+from tests.conftest import IMAGE_SIZE, ROOT, run_cli
+
+COMMON = ["--image_size", IMAGE_SIZE, "--batch_size", 16, "--batch_norm_decay", 0.9,
+          "--optimizer", "adam", "--learning_rate", 0.001, "--opt_epsilon", 1e-8,
+          "--model_name", "resnet_v1_50", "--log_step_count_steps", 5]
+
+
+def test_two_replica_training_evaluates_and_exports_on_one_device(digits_data, tmp_path):
+    model_dir = tmp_path / "mirrored"
+    out = run_cli("estimator.train", "--data_dir", digits_data, "--model_dir", model_dir,
+                  "--cpu_replicas", 2, "--max_steps", 10, "--save_checkpoints_steps", 10,
+                  "--mode", "train", *COMMON)
+    assert "mirroring over ['/cpu:0', '/cpu:1']" in out.stderr
+    assert tf.train.load_checkpoint(str(model_dir)).get_tensor("global_step") == 10
+    # Device-agnostic checkpoint: plain single-device eval and export read it.
+    evaluated = run_cli("estimator.train", "--data_dir", digits_data, "--model_dir", model_dir,
+                        "--mode", "eval", *COMMON)
+    assert "eval: accuracy=" in evaluated.stdout
+    exported = run_cli("export.main", "--model_dir", model_dir, "--export_base",
+                       tmp_path / "models")
+    version_dir = exported.stdout.strip().splitlines()[-1]
+    graph_def = tf.compat.v1.saved_model.loader.load(
+        tf.compat.v1.Session(graph=tf.Graph()), ["serve"], version_dir).graph_def
+    assert not [n.device for n in graph_def.node if n.device]
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data, tmp_path):
+    chief, worker, ps = ["127.0.0.1:%d" % p for p in _free_ports(3)]
+    cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
+    model_dir = tmp_path / "cluster"
+    args = [sys.executable, "-m", "estimator.train", "--data_dir", digits_data,
+            "--model_dir", str(model_dir), "--max_steps", "12", "--save_checkpoints_steps",
+            "12", "--mode", "train"] + [str(a) for a in COMMON]
+    processes = {}
+    logs = {}
+    for task_type in ("ps", "worker", "chief"):
+        env = dict(os.environ, TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": task_type, "index": 0}}))
+        logs[task_type] = open(tmp_path / (task_type + ".log"), "w+")
+        processes[task_type] = subprocess.Popen(args, env=env, cwd=ROOT, stdout=logs[task_type],
+                                                stderr=subprocess.STDOUT)
+    try:
+        assert processes["chief"].wait(timeout=600) == 0, _read(logs["chief"])
+        assert processes["worker"].wait(timeout=300) == 0, _read(logs["worker"])
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+    assert tf.train.load_checkpoint(str(model_dir)).get_tensor("global_step") >= 12
+    chief_log = _read(logs["chief"])
+    assert "'_num_ps_replicas': 1" in chief_log and "'_num_worker_replicas': 2" in chief_log
+    assert os.path.exists(model_dir / "flags.txt")  # written by the chief only
+
+
+def _read(handle):
+    handle.flush()
+    handle.seek(0)
+    return handle.read()[-5000:]

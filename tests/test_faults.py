@@ -1,0 +1,116 @@
+"""The chain under faults: SIGKILLed training, conversion and export."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from estimator import schema
+from serving import errors
+from serving import models
+from tests import slim_checkpoints
+from tests.conftest import IMAGE_SIZE, ROOT, run_cli
+
+
+def _kill_when(args, ready, timeout=300):
+    """Starts a CLI, waits until ready() holds, then SIGKILLs it. Returns True if it was
+    killed while still running."""
+    process = subprocess.Popen([sys.executable, "-m"] + [str(a) for a in args], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and process.poll() is None and not ready():
+            time.sleep(0.01)
+        running = process.poll() is None
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        return running
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_killed_training_resumes_without_rewarming_and_exports(digits_data, tmp_path):
+    pretrained = slim_checkpoints.make_imagenet_style_checkpoint(str(tmp_path / "pre"))
+    model_dir = tmp_path / "run"
+    command = ["estimator.train", "--data_dir", digits_data, "--model_dir", model_dir,
+               "--checkpoint_path", pretrained, "--checkpoint_exclude_scopes",
+               "resnet_v1_50/logits", "--image_size", IMAGE_SIZE, "--batch_size", 16,
+               "--max_steps", 40, "--save_checkpoints_steps", 5, "--eval_throttle_secs", 600,
+               "--batch_norm_decay", 0.9, "--optimizer", "adam", "--learning_rate", 1e-3,
+               "--opt_epsilon", 1e-8, "--log_step_count_steps", 5, "--noverify_export"]
+    rng = random.Random(7)
+    steps = []
+    for _ in range(3):
+        def checkpoint_after_start(start=len(steps)):
+            latest = tf.train.latest_checkpoint(str(model_dir))
+            step = int(latest.rsplit("-", 1)[1]) if latest else 0
+            return step > (steps[-1] if steps else 0) and (time.sleep(rng.uniform(0, 1.5))
+                                                           or True)
+        _kill_when(command, checkpoint_after_start)
+        latest = tf.train.latest_checkpoint(str(model_dir))
+        steps.append(int(latest.rsplit("-", 1)[1]))
+    assert steps == sorted(steps) and steps[0] >= 5 and len(set(steps)) == 3
+    finished = run_cli(*command)
+    assert "warm start from %s skipped" % pretrained in finished.stderr
+    assert "warm start from %s: " % pretrained not in finished.stderr
+    assert tf.train.load_checkpoint(str(model_dir)).get_tensor("global_step") == 40
+    final = model_dir / "export" / "final"
+    assert len(os.listdir(final)) == 1
+    version = os.path.join(final, os.listdir(final)[0])
+    assert os.path.exists(os.path.join(version, "saved_model.pb"))
+
+
+def test_killed_conversion_never_leaves_a_finished_looking_shard(tmp_path):
+    import make_digits  # pylint: disable=import-outside-toplevel
+    images = tmp_path / "images"
+    make_digits.write_digits(str(images), size=160, png_every=1)  # PNGs: slow to convert
+    out = tmp_path / "out"
+    command = ["estimator.convert", "--input", images, "--output_dir", out, "--train_shards",
+               4, "--validation_shards", 2, "--noprogress", "--num_workers", 1]
+
+    def writing():
+        partial = out / ".partial"
+        return partial.exists() and any(n.startswith("train") for n in os.listdir(partial))
+
+    assert _kill_when(command, writing), "conversion finished before it could be killed"
+    published = [n for n in os.listdir(out) if not n.startswith(".")]
+    assert published == []
+    run_cli(*command)
+    names = sorted(os.listdir(out))
+    assert schema.INFO_FILE in names and ".partial" not in names
+    assert len([n for n in names if n.startswith("train-")]) == 4
+    total = sum(1 for name in names if "-of-" in name
+                for _ in tf.compat.v1.io.tf_record_iterator(str(out / name)))
+    assert total == 1797
+
+
+def test_killed_export_is_never_loaded_by_a_polling_server(trained_run, tmp_path):
+    base = tmp_path / "models"
+    base.mkdir()
+    manager = models.ModelManager([models.ModelConfig("resnet", str(base))], warmup=True)
+    manager.start_polling(0.05)
+    try:
+        def temp_dir_exists():
+            return any(n.startswith(".tmp-") for n in os.listdir(base))
+
+        assert _kill_when(["export.main", "--model_dir", trained_run, "--export_base", base],
+                          temp_dir_exists), "export finished before it could be killed"
+        time.sleep(0.5)
+        assert [n for n in os.listdir(base) if n.isdigit()] == []
+        assert manager.available_versions("resnet") == []
+        with pytest.raises(errors.ServingError):
+            manager.status("resnet")
+        out = run_cli("export.main", "--model_dir", trained_run, "--export_base", base)
+        assert "removed" in out.stdout and ".tmp-" in out.stdout  # the stale dir is cleaned
+        version = int(os.path.basename(out.stdout.strip().splitlines()[-1]))
+        deadline = time.time() + 60
+        while time.time() < deadline and manager.available_versions("resnet") != [version]:
+            time.sleep(0.1)
+        assert manager.available_versions("resnet") == [version]
+    finally:
+        manager.stop()
