@@ -30,8 +30,7 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",
-                 "psutil>=5.9"],
+        "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5"],
     },
     entry_points={"console_scripts": [
         "slimserve-convert=estimator.convert:run",

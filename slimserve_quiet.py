@@ -70,3 +70,11 @@ def quiet_tensorflow(verbosity=logging.INFO):
     tf_logger.setLevel(verbosity)
     logging.getLogger().setLevel(verbosity)
     logging.getLogger("absl").addFilter(_DropNoise())
+
+
+def run_absl_app(main, define_flags):
+    """The entry point of every slimserve CLI: flags, quiet TensorFlow, absl's app.run."""
+    from absl import app  # pylint: disable=g-import-not-at-top
+    define_flags()
+    quiet_tensorflow()
+    app.run(main)

@@ -6,7 +6,6 @@ import json
 import logging
 import sys
 
-from absl import app
 from absl import flags
 
 import slimserve_quiet
@@ -32,7 +31,6 @@ def define_flags():
 
 def main(argv):
     del argv
-    slimserve_quiet.quiet_tensorflow()
     from estimator import dataset  # pylint: disable=g-import-not-at-top
     logging.getLogger().setLevel(logging.INFO)
     try:
@@ -50,8 +48,7 @@ def main(argv):
 
 
 def run():
-    define_flags()
-    app.run(main)
+    slimserve_quiet.run_absl_app(main, define_flags)
 
 
 if __name__ == "__main__":

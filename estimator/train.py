@@ -13,7 +13,6 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
 
 import slimserve_quiet
@@ -229,9 +228,7 @@ def _is_chief():
 
 
 def run():
-    define_flags()
-    slimserve_quiet.quiet_tensorflow()
-    app.run(main)
+    slimserve_quiet.run_absl_app(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import json
 import os
 import sys
 
-from absl import app
 from absl import flags
 
 import slimserve_quiet
@@ -68,9 +67,7 @@ def main(argv):
 
 
 def run():
-    define_flags()
-    slimserve_quiet.quiet_tensorflow()
-    app.run(main)
+    slimserve_quiet.run_absl_app(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 
-from absl import app
 from absl import flags
 
 import slimserve_quiet
@@ -127,9 +126,7 @@ def main(argv):
 
 
 def run():
-    define_flags()
-    slimserve_quiet.quiet_tensorflow()
-    app.run(main)
+    slimserve_quiet.run_absl_app(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import sys
 import threading
 from concurrent import futures
 
-from absl import app
 from absl import flags
 
 import slimserve_quiet
@@ -200,9 +199,7 @@ def main(argv):
 
 
 def run():
-    define_flags()
-    slimserve_quiet.quiet_tensorflow()
-    app.run(main)
+    slimserve_quiet.run_absl_app(main, define_flags)
 
 
 if __name__ == "__main__":

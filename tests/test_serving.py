@@ -59,6 +59,14 @@ def server(base_path):
     instance.stop()
 
 
+def _rss_mb():
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError("no VmRSS")
+
+
 def _free_port():
     import socket  # pylint: disable=import-outside-toplevel
     with socket.socket() as sock:
@@ -268,11 +276,16 @@ def test_new_version_under_load_is_picked_up_with_zero_failures(server, client, 
     while time.time() < deadline and (not versions or versions[-1] != 2):
         time.sleep(0.2)
     time.sleep(1.0)
+    served_before, rss_before = len(versions), _rss_mb()
+    time.sleep(4.0)  # soak on the new version: memory stays flat
+    served_after, rss_after = len(versions), _rss_mb()
     stop.set()
     for thread in threads:
         thread.join()
     assert failures == []
     assert versions[0] == 1 and versions[-1] == 2
+    assert served_after - served_before > 20
+    assert rss_after - rss_before < 40, (rss_before, rss_after)
     assert client.status() == [(2, "AVAILABLE", ""), (1, "END", "")]
 
 
