@@ -26,12 +26,21 @@ _RECORD_NOISE = (
     "Use keras.layers", "non-resource variables are not supported",
     "Using temporary folder as model directory", "Scale of 0 disables regularizer",
 )
+# Estimator housekeeping printed around every train/eval call; progress.py and the
+# eval results say what matters.
+_HOUSEKEEPING = (
+    "Calling model_fn.", "Done calling model_fn.", "Graph was finalized.",
+    "Running local_init_op.", "Done running local_init_op.", "Calling checkpoint listeners",
+    "Create CheckpointSaverHook.", "Not using Distribute Coordinator.",
+    "Saving 'checkpoint_path' summary", "Assets added to graph.", "No assets to write.",
+    "Signatures INCLUDED in export", "Signatures EXCLUDED from export",
+)
 
 
 class _DropNoise(logging.Filter):
     def filter(self, record):
         message = record.getMessage()
-        return not any(noise in message for noise in _RECORD_NOISE)
+        return not any(noise in message for noise in _RECORD_NOISE + _HOUSEKEEPING)
 
 
 def _import_tensorflow_filtering_stderr():

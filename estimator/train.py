@@ -82,6 +82,7 @@ def define_flags():
     flags.DEFINE_integer("save_checkpoints_secs", None, "Or every N seconds (overrides steps).")
     flags.DEFINE_integer("keep_checkpoint_max", 5, "Checkpoints kept.")
     flags.DEFINE_integer("log_step_count_steps", 20, "Progress line every N steps.")
+    flags.DEFINE_integer("save_summary_steps", 100, "TensorBoard summaries every N steps.")
     flags.DEFINE_integer("eval_throttle_secs", 10, "Least seconds between evaluations.")
     flags.DEFINE_integer("seed", 0, "Graph-level seed for init, shuffling and crops.")
     # Distribution and speed.
@@ -170,6 +171,7 @@ def make_estimator(model_config, model_dir, warm=True):
         save_checkpoints_secs=FLAGS.save_checkpoints_secs,
         keep_checkpoint_max=FLAGS.keep_checkpoint_max,
         log_step_count_steps=FLAGS.log_step_count_steps,
+        save_summary_steps=FLAGS.save_summary_steps,
         session_config=run_config.session_config(FLAGS.xla, FLAGS.precision,
                                                  FLAGS.intra_op_threads, FLAGS.inter_op_threads),
         train_distribute=strategy, eval_distribute=strategy)

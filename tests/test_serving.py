@@ -339,3 +339,28 @@ def test_server_cli_names_a_bad_flag_combination():
                          timeout=120)
     assert out.returncode != 0
     assert "exactly one of --model_base_path or --model_config_file" in out.stderr
+
+
+def _invalid_count(server):
+    with urllib.request.urlopen("http://127.0.0.1:%d/monitoring/prometheus/metrics"
+                                % server.rest_api_port) as response:
+        for line in response.read().decode().splitlines():
+            if 'api="predict",status="INVALID_ARGUMENT"' in line:
+                return int(line.rsplit(" ", 1)[1])
+    return 0
+
+
+def test_client_retries_unavailable_only(server):
+    nowhere = client_lib.Client("127.0.0.1:%d" % _free_port(), retries=2, backoff_seconds=0.1,
+                                timeout=5)
+    started = time.time()
+    with pytest.raises(grpc.RpcError) as caught:
+        nowhere.predict_images([b"x"])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert time.time() - started >= 0.3  # waited 0.1 + 0.2 between three attempts
+    retrying = client_lib.Client("127.0.0.1:%d" % server.port, retries=3, backoff_seconds=0.1)
+    before = _invalid_count(server)
+    with pytest.raises(grpc.RpcError) as caught:
+        retrying.predict_images([b"not an image"])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _invalid_count(server) == before + 1  # sent once, not retried
