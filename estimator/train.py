@@ -184,7 +184,7 @@ def make_estimator(model_config, model_dir, warm=True):
 def main(argv):
     del argv
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from estimator import dataset, inputs, model, progress  # pylint: disable=g-import-not-at-top
+    from estimator import dataset, inputs, model, progress, run_config  # pylint: disable=g-import-not-at-top
     try:
         model_config, train_input, eval_input = build_configs()
         train_fn = inputs.make_input_fn(FLAGS.data_dir, FLAGS.train_split, True, train_input)
@@ -200,12 +200,14 @@ def main(argv):
     try:
         if FLAGS.mode == "eval":
             result = estimator.evaluate(eval_fn, steps=FLAGS.eval_steps)
-        elif FLAGS.mode == "train":
+        elif FLAGS.mode == "train" and not run_config.tf_config_cluster():
             estimator.train(train_fn, max_steps=FLAGS.max_steps, hooks=hooks)
             result = None
         else:
+            # Also --mode=train in a TF_CONFIG cluster: Estimator trains multi-worker only
+            # through train_and_evaluate (evaluation then runs on an evaluator task).
             exporters = []
-            if FLAGS.export:
+            if FLAGS.export and FLAGS.mode == "train_and_eval":
                 from export import exporters as export_lib  # pylint: disable=g-import-not-at-top
                 exporters = export_lib.make_exporters(
                     eval_input.serving_settings(), FLAGS.data_dir, FLAGS.eval_split,
@@ -214,7 +216,8 @@ def main(argv):
             eval_spec = tf.estimator.EvalSpec(eval_fn, steps=FLAGS.eval_steps, name=None,
                                               exporters=exporters, start_delay_secs=0,
                                               throttle_secs=FLAGS.eval_throttle_secs)
-            result, _ = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+            outcome = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+            result = outcome[0] if outcome else None  # None on a cluster's chief/worker
     except model.WarmStartError as error:
         sys.exit("slimserve-train: %s" % error)
     logging.info("done in %.1f s", time.time() - started)
