@@ -178,9 +178,6 @@ def main(argv):
     try:
         if command == "predict":
             rows = client.predict_files(files, FLAGS.batch_size, FLAGS.concurrency)
-            names = [n.decode() for n in client.predict_images(
-                [open(files[0], "rb").read()])["class_names"]] if False else None
-            del names
             result = []
             for path, name, probabilities in rows:
                 ranked = _top(list(enumerate(probabilities.tolist())), FLAGS.top_k)
