@@ -11,7 +11,7 @@ from setuptools import find_packages, setup  # noqa: E402  pylint: disable=g-imp
 setup(
     name="slimserve",
     version="0.1.0",
-    description=__doc__.strip(),
+    description=" ".join(__doc__.split()),
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["estimator", "estimator.*", "export", "export.*",
                                     "serving", "serving.*"]),

@@ -364,3 +364,28 @@ def test_client_retries_unavailable_only(server):
         retrying.predict_images([b"not an image"])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _invalid_count(server) == before + 1  # sent once, not retried
+
+
+def test_client_and_loadtest_clis(server, digits_dir):
+    target = "127.0.0.1:%d" % server.port
+    files = sorted(os.path.join(digits_dir, "7", n) for n in os.listdir(
+        os.path.join(digits_dir, "7")))[:3]
+    out = subprocess.run([sys.executable, "-m", "serving.client", "predict", "--server", target,
+                          "--json", "--top_k", "2"] + files, capture_output=True, text=True,
+                         timeout=120, check=True)
+    rows = json.loads(out.stdout)
+    assert [r["file"] for r in rows] == files and all(len(r["top_k"]) == 2 for r in rows)
+    status = subprocess.run([sys.executable, "-m", "serving.client", "status", "--server",
+                             target], capture_output=True, text=True, timeout=120, check=True)
+    assert "AVAILABLE" in status.stdout
+    missing = subprocess.run([sys.executable, "-m", "serving.client", "status", "--server",
+                              target, "--model_name", "nope"], capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr
+    load = subprocess.run([sys.executable, "-m", "serving.loadtest", "--server", target,
+                           "--images", os.path.join(digits_dir, "7"), "--concurrency", "1,4",
+                           "--requests", "20", "--json"], capture_output=True, text=True,
+                          timeout=300, check=True)
+    levels = [json.loads(line) for line in load.stdout.splitlines()]
+    assert [(l["concurrency"], l["requests"], l["errors"]) for l in levels] == [
+        (1, 20, {}), (4, 20, {})]
