@@ -46,14 +46,15 @@ def digits_data(tmp_path_factory, digits_dir):
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, digits_data):
-    """A short resnet_v1_50 run on digits with the Final/Best exporters attached."""
+    """A short resnet_v1_50 run on digits with EMA weights and the Final/Best exporters."""
     model_dir = str(tmp_path_factory.mktemp("run"))
     run_cli("estimator.train", "--data_dir", digits_data, "--model_dir", model_dir,
             "--image_size", IMAGE_SIZE, "--max_steps", 60, "--batch_size", 32,
             "--save_checkpoints_steps", 60, "--batch_norm_decay", 0.9,
             "--optimizer", "adam", "--learning_rate", 0.001, "--opt_epsilon", 1e-8,
             "--min_crop_area", 0.85, "--norandom_flip",
-            "--eval_central_fraction", 1.0, "--log_step_count_steps", 30)
+            "--eval_central_fraction", 1.0, "--log_step_count_steps", 30,
+            "--moving_average_decay", 0.99)
     return model_dir
 
 

@@ -49,6 +49,17 @@ def test_final_and_best_exports_exist_with_assets(trained_run, export_dir):
     assert 0.0 <= result["accuracy"] <= 1.0
 
 
+def test_export_carries_the_ema_weights(trained_run, export_dir):
+    """Trained with --moving_average_decay: the export holds the averaged weights."""
+    trained = tf.train.load_checkpoint(tf.train.latest_checkpoint(trained_run))
+    exported = tf.train.load_checkpoint(os.path.join(export_dir, "variables", "variables"))
+    name = "resnet_v1_50/logits/weights"
+    average = trained.get_tensor(name + "/ExponentialMovingAverage")
+    assert not np.array_equal(average, trained.get_tensor(name))
+    np.testing.assert_array_equal(exported.get_tensor(name + "/ExponentialMovingAverage"),
+                                  average)
+
+
 def test_saved_model_cli_lists_three_signatures_with_methods(export_dir):
     shown = subprocess.run([CLI, "show", "--dir", export_dir, "--all"], capture_output=True,
                            text=True, check=True).stdout
