@@ -6,7 +6,6 @@ per-image work x cores) and peak RSS at 1x and 10x the data set.
     make bench-input        (python benchmarks/bench_input.py --help)
 """
 import argparse
-import io
 import os
 import queue as queue_lib
 import subprocess
@@ -23,7 +22,7 @@ import slimserve_quiet  # pylint: disable=wrong-import-order
 slimserve_quiet.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 
-from estimator import dataset, inputs, preprocessing, schema  # noqa: E402  pylint: disable=wrong-import-position
+from estimator import dataset, inputs, schema  # noqa: E402  pylint: disable=wrong-import-position
 
 SIZE = 224
 

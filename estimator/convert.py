@@ -3,7 +3,6 @@
     slimserve-convert --input=images/ --output_dir=data/ --validation_fraction=0.2
 """
 import json
-import logging
 import sys
 
 from absl import flags
@@ -32,7 +31,6 @@ def define_flags():
 def main(argv):
     del argv
     from estimator import dataset  # pylint: disable=g-import-not-at-top
-    logging.getLogger().setLevel(logging.INFO)
     try:
         info = dataset.build_dataset(
             FLAGS.input, FLAGS.output_dir, FLAGS.validation_fraction, FLAGS.validation_input,

@@ -1,6 +1,5 @@
 """gRPC PredictionService (Predict, Classify, GetModelMetadata) and ModelService
 (GetModelStatus) with TF Serving's request/response protos and status codes."""
-import grpc
 from google.protobuf import wrappers_pb2
 from tensorflow_serving.apis import classification_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2

@@ -1,6 +1,5 @@
 """model_fn on real graphs: warm start, exclusion, freezing, resume."""
 import dataclasses
-import os
 
 import numpy as np
 import pytest
