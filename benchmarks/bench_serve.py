@@ -5,15 +5,19 @@ the same SavedModel measured in the same run.
     make bench-serve        (python benchmarks/bench_serve.py --help)
 
 The server runs in its own process (slimserve-server), as in production; the load
-generator is serving/loadtest.py.
+generator is serving/loadtest.py. These machines are noisy, so every comparison is
+made side by side: in-process and served timings alternate in rounds, and the
+concurrency-1 overhead is the median difference of interleaved request pairs.
 """
 import argparse
 import dataclasses
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 
@@ -48,22 +52,65 @@ def make_export(base, size):
     return writer.write_saved_model(base, checkpoint, config, serving)
 
 
-def in_process_rate(export_dir, images, batch, seconds):
-    graph = tf.Graph()
-    with tf.compat.v1.Session(graph=graph) as session:
-        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
-        feed = {signatures.IMAGE_BYTES: np.array(
-            [images[i % len(images)] for i in range(batch)], dtype=object)}
-        latencies = []
+def load_session(export_dir):
+    session = tf.compat.v1.Session(graph=tf.Graph())
+    meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
+    return session, meta
 
-        def step():
+
+def run_in_process(session, meta, images, index, batch):
+    """The in-process call the server is measured against: same images, same order
+    as the load test's request `index`."""
+    feed = {signatures.IMAGE_BYTES: np.array(
+        [images[(index * batch + i) % len(images)] for i in range(batch)], dtype=object)}
+    verify.run_signature(session, meta, signatures.DEFAULT, feed)
+
+
+def paired_overhead(session, meta, client, images, pairs):
+    """Alternates one in-process call and one gRPC request on the same image (order
+    flipped every pair) so both see the same machine noise; -> medians in ms of
+    in-process, gRPC, and of the per-pair difference, and the status-RPC round trip."""
+    local, remote = [], []
+    for index in range(pairs + 5):
+        order = (0, 1) if index % 2 else (1, 0)
+        for which in order:
             started = time.perf_counter()
-            verify.run_signature(session, meta, signatures.DEFAULT, feed)
-            latencies.append(time.perf_counter() - started)
-            return batch
+            if which == 0:
+                run_in_process(session, meta, images, index, 1)
+            else:
+                client.predict({"image_bytes": [images[index % len(images)]]})
+            (local if which == 0 else remote).append(time.perf_counter() - started)
+    local, remote = np.array(local[5:]) * 1e3, np.array(remote[5:]) * 1e3
+    status = []
+    for _ in range(100):
+        started = time.perf_counter()
+        client.status()
+        status.append(time.perf_counter() - started)
+    return (float(np.median(local)), float(np.median(remote)),
+            float(np.median(remote - local)), float(np.median(status) * 1e3))
 
-        rate = common.timed(step, seconds, warmup=3)
-    return rate, float(np.median(latencies) * 1000.0)
+
+def transport_floor(images, service_seconds, pairs):
+    """Median round trip minus handler time of a bare grpcio server that sleeps the
+    in-process model time, for the same image payloads: what Python gRPC alone costs."""
+    import grpc  # pylint: disable=import-outside-toplevel
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(common.ROOT, "benchmarks", "echo_server.py"),
+         str(service_seconds)], stdout=subprocess.PIPE, text=True)
+    try:
+        channel = grpc.insecure_channel("127.0.0.1:%s" % process.stdout.readline().strip())
+        call = channel.unary_unary("/slimserve.bench.Echo/Sleep")
+        extra = []
+        for index in range(pairs + 5):
+            request = tf.make_tensor_proto([images[index % len(images)]]).SerializeToString()
+            started = time.perf_counter()
+            handler_seconds, = struct.unpack("<d", call(request, timeout=30))
+            extra.append(time.perf_counter() - started - handler_seconds)
+        channel.close()
+    finally:
+        process.kill()
+        process.wait()
+    return float(np.median(extra[5:]) * 1e3)
 
 
 def _free_port():
@@ -73,15 +120,32 @@ def _free_port():
 
 
 def start_server(base, batching, batch_file):
-    port = _free_port()
-    argv = [sys.executable, "-m", "serving.server", "--port", str(port), "--rest_api_port", "0",
-            "--model_base_path", base, "--file_system_poll_wait_seconds", "0"]
+    """-> (process, gRPC target, metrics URL)."""
+    port, rest_port = _free_port(), _free_port()
+    argv = [sys.executable, "-m", "serving.server", "--port", str(port),
+            "--rest_api_port", str(rest_port), "--model_base_path", base,
+            "--file_system_poll_wait_seconds", "0", "--monitoring_config_file",
+            os.path.join(common.ROOT, "serving", "tfserving", "monitoring.config")]
     if batching:
         argv += ["--enable_batching", "--batching_parameters_file", batch_file]
     process = subprocess.Popen(argv, cwd=common.ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     process.stdout.readline()  # "slimserve-server: gRPC ..." once it serves
-    return process, "127.0.0.1:%d" % port
+    return (process, "127.0.0.1:%d" % port,
+            "http://127.0.0.1:%d/monitoring/prometheus/metrics" % rest_port)
+
+
+def batch_totals(metrics_url):
+    """(rows, batches) the server's batcher has run so far, from its metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        for field in ("sum", "count"):
+            if line.startswith(":tensorflow:serving:batching_session:processed_batch_size_"
+                               + field + " "):
+                values[field] = int(line.rsplit(" ", 1)[1])
+    return values.get("sum", 0), values.get("count", 0)
 
 
 def main():
@@ -89,11 +153,18 @@ def main():
     parser.add_argument("--image_size", type=int, default=224, help="Model input side.")
     parser.add_argument("--concurrency", default="1,8,32", help="Closed-loop clients.")
     parser.add_argument("--requests", type=int, default=200, help="Requests per level.")
-    parser.add_argument("--seconds", type=float, default=6.0, help="In-process timing.")
+    parser.add_argument("--seconds", type=float, default=6.0,
+                        help="In-process timing per level (split over the rounds).")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="Alternations of in-process and served timing per level.")
+    parser.add_argument("--pairs", type=int, default=150,
+                        help="Interleaved in-process/gRPC pairs for the concurrency-1 overhead.")
     parser.add_argument("--max_batch_size", type=int, default=8,
                         help="Server batching: largest batch.")
     parser.add_argument("--batch_timeout_micros", type=int, default=2000,
                         help="Server batching: longest wait for a batch to fill.")
+    parser.add_argument("--num_batch_threads", type=int, default=2,
+                        help="Server batching: batches run at the same time.")
     args = parser.parse_args()
     import make_photos  # pylint: disable=import-outside-toplevel
     photos = common.work_dir("photos")
@@ -105,39 +176,73 @@ def main():
     batch_file = os.path.join(common.WORK, "batching.config")
     with open(batch_file, "w") as handle:
         handle.write("max_batch_size { value: %d }\nbatch_timeout_micros { value: %d }\n"
-                     "max_enqueued_batches { value: 1000 }\nnum_batch_threads { value: 2 }\n"
-                     % (args.max_batch_size, args.batch_timeout_micros))
+                     "max_enqueued_batches { value: 1000 }\nnum_batch_threads { value: %d }\n"
+                     % (args.max_batch_size, args.batch_timeout_micros, args.num_batch_threads))
     levels = [int(c) for c in args.concurrency.split(",")]
-    local = {b: in_process_rate(export_dir, images, b, args.seconds)
-             for b in sorted({1, args.max_batch_size})}
+    session, meta = load_session(export_dir)
+    local_rates = {1: [], args.max_batch_size: []}
+
+    def local_rate(batch, seconds):
+        calls = iter(range(10 ** 9))
+
+        def step():
+            run_in_process(session, meta, images, next(calls), batch)
+            return batch
+
+        rate = common.timed(step, seconds, warmup=2)
+        local_rates[batch].append(rate)
+        return rate
+
     rows = []
     for batching in (False, True):
-        process, target = start_server(base, batching, batch_file)
+        process, target, metrics_url = start_server(base, batching, batch_file)
         try:
             client = client_lib.Client(target, retries=0)
             loadtest.run_level(client, images, 2, 10)  # warm the channel and the model
+            if not batching:
+                paired = paired_overhead(session, meta, client, images, args.pairs)
+                floor = transport_floor(images, paired[0] / 1e3, args.pairs)
             for level in levels:
-                result = loadtest.run_level(client, images, level, args.requests)
-                matching = local[args.max_batch_size if batching and level > 1 else 1]
+                matching = args.max_batch_size if batching and level > 1 else 1
+                rows_before, batches_before = batch_totals(metrics_url)
+                latencies, ratios, errors, served = [], [], 0, 0
+                for round_index in range(args.rounds):
+                    # alternate in-process and served so both see the same machine noise
+                    local = local_rate(matching, args.seconds / args.rounds)
+                    result = loadtest.run_level(client, images, level,
+                                                args.requests // args.rounds,
+                                                first_index=round_index * args.requests)
+                    latencies += result["latencies_ms"]
+                    errors += sum(result["errors"].values())
+                    served += result["requests"]
+                    ratios.append(result["images_per_s"] / local)
+                rows_after, batches_after = batch_totals(metrics_url)
+                mean_batch = ("%.2f" % ((rows_after - rows_before) /
+                                        (batches_after - batches_before))
+                              if batches_after > batches_before else "")
                 rows.append([
                     "on (max %d)" % args.max_batch_size if batching else "off", level,
-                    "%.2f" % result["p50_ms"], "%.2f" % result["p90_ms"],
-                    "%.2f" % result["p99_ms"], "%.1f" % result["images_per_s"],
-                    sum(result["errors"].values()),
-                    "%.2f" % (result["images_per_s"] / matching[0]),
-                    "%+.2f" % (result["p50_ms"] - local[1][1]) if level == 1 else ""])
+                    "%.2f" % np.percentile(latencies, 50), "%.2f" % np.percentile(latencies, 90),
+                    "%.2f" % np.percentile(latencies, 99),
+                    "%.1f" % (np.median(ratios) * np.median(local_rates[matching])),
+                    mean_batch, errors, "%.2f (b%d)" % (np.median(ratios), matching)])
             client.close()
         finally:
             process.terminate()
             process.wait(timeout=30)
-    print("\nin-process session.run (image_bytes, %dx%d model): " % (
+    session.close()
+    print("\nin-process session.run of the same SavedModel (image_bytes, %dx%d): " % (
         args.image_size, args.image_size) + ", ".join(
-            "batch %d: %.1f img/s, median %.2f ms" % (b, r, m) for b, (r, m) in local.items()))
+            "batch %d: %.1f img/s" % (b, np.median(r)) for b, r in local_rates.items() if r))
     common.table("gRPC closed-loop load, batch-1 requests (%d cores)" % os.cpu_count(),
-                 ["batching", "concurrency", "p50 ms", "p90 ms", "p99 ms", "img/s", "errors",
-                  "vs in-process", "p50 overhead ms"], rows)
-    print("(vs in-process: at batch %d when batching with concurrency > 1, else batch 1)"
-          % args.max_batch_size)
+                 ["batching", "concurrency", "p50 ms", "p90 ms", "p99 ms", "img/s", "mean batch", "errors",
+                  "vs in-process"], rows)
+    print("(vs in-process: median over %d rounds of served img/s / in-process img/s measured "
+          "just before, at the batch size given)" % args.rounds)
+    print("\nconcurrency 1, %d interleaved pairs: in-process p50 %.2f ms, served p50 %.2f ms, "
+          "median overhead per pair %+.2f ms.\nPython gRPC alone (bare grpcio server sleeping "
+          "%.2f ms, same payloads): %.2f ms over its handler; GetModelStatus round trip "
+          "%.2f ms." % (args.pairs, paired[0], paired[1], paired[2], paired[0], floor, paired[3]))
 
 
 if __name__ == "__main__":

@@ -89,8 +89,9 @@ def main():
     parser.add_argument("--batch_sizes", default="16,32", help="Batch size per image side.")
     parser.add_argument("--steps", default="8,60", help="Timed steps per image side.")
     parser.add_argument("--skip", type=int, default=3, help="Warm-up steps not timed.")
-    parser.add_argument("--precision", default="fp32", choices=run_config.PRECISIONS,
-                        help="fp32, or bf16 via oneDNN auto mixed precision.")
+    parser.add_argument("--precisions", default="fp32",
+                        help="Comma-separated, measured side by side: fp32, bf16 (oneDNN "
+                             "auto mixed precision on CPUs with AVX512_BF16), fp16 (GPU).")
     args = parser.parse_args()
     import make_photos  # pylint: disable=import-outside-toplevel
     photos = common.work_dir("photos")
@@ -100,6 +101,11 @@ def main():
     if not os.path.exists(os.path.join(data_dir, schema.INFO_FILE)):
         dataset.build_dataset(photos, data_dir, 0.0, train_shards=8, validation_shards=1,
                               show_progress=False)
+    precisions = args.precisions.split(",")
+    for precision in precisions:
+        if precision not in run_config.PRECISIONS:
+            parser.error("--precisions: %r is not one of %s" % (precision,
+                                                                 run_config.PRECISIONS))
     rows = []
     for size, batch, steps in zip(*(map(int, v.split(",")) for v in (
             args.sizes, args.batch_sizes, args.steps))):
@@ -107,18 +113,27 @@ def main():
         real = inputs.make_input_fn(data_dir, schema.TRAIN, True, inputs.InputConfig(
             image_size=size, batch_size=batch, seed=0, shuffle_buffer=256))
         run_dir = common.work_dir("train_%d" % size)
-        bare = bare_session(size, batch, steps, args.skip, args.precision)
-        synthetic = estimator_rate(size, batch, steps, args.skip, args.precision,
-                                   synthetic_input_fn(size, batch), os.path.join(run_dir, "s"))
-        real_rate = estimator_rate(size, batch, steps, args.skip, args.precision, real,
-                                   os.path.join(run_dir, "r"))
-        for name, rate in (("bare Session, in-memory batch", bare),
-                           ("Estimator, synthetic input", synthetic),
-                           ("Estimator, real input_fn", real_rate)):
-            rows.append([size, batch, name, "%.1f" % rate, "%.2f" % (rate / bare),
-                         "%.1f" % (rate * flops / 1e9)])
-    common.table("resnet_v1_50 training step (%s, %d cores)" % (args.precision, os.cpu_count()),
-                 ["size", "batch", "loop", "images/s", "vs bare", "GFLOP/s"], rows)
+        first_bare = None
+        for precision in precisions:
+            bare = bare_session(size, batch, steps, args.skip, precision)
+            first_bare = first_bare or bare
+            synthetic = estimator_rate(size, batch, steps, args.skip, precision,
+                                       synthetic_input_fn(size, batch),
+                                       os.path.join(run_dir, "s_" + precision))
+            real_rate = estimator_rate(size, batch, steps, args.skip, precision, real,
+                                       os.path.join(run_dir, "r_" + precision))
+            for name, rate in (("bare Session, in-memory batch", bare),
+                               ("Estimator, synthetic input", synthetic),
+                               ("Estimator, real input_fn", real_rate)):
+                rows.append([size, batch, precision, name, "%.1f" % rate,
+                             "%.2f" % (rate / bare), "%.2f" % (rate / synthetic),
+                             "%.1f" % (rate * flops / 1e9)])
+            rows[-3].append("%.2f" % (bare / first_bare))
+            rows[-2].append("")
+            rows[-1].append("")
+    common.table("resnet_v1_50 training step (%d cores)" % os.cpu_count(),
+                 ["size", "batch", "precision", "loop", "images/s", "vs bare",
+                  "vs synthetic", "GFLOP/s", "bare vs %s" % precisions[0]], rows)
 
 
 if __name__ == "__main__":

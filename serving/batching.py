@@ -63,8 +63,10 @@ class _Task:
 class Batcher:
     """Shared by all models; `run` blocks until the request's rows are computed."""
 
-    def __init__(self, params: BatchingParameters):
+    def __init__(self, params: BatchingParameters, on_batch=None):
+        """on_batch(rows) is called for every batch run (metrics)."""
         self.params = params
+        self._on_batch = on_batch
         self._cond = threading.Condition()
         self._queues = collections.OrderedDict()  # key -> (servable, sig, outputs, [tasks])
         self._queued_rows = 0
@@ -136,9 +138,12 @@ class Batcher:
             if batch is None:
                 return
             servable, sig, outputs, tasks = batch
+            rows = sum(t.rows for t in tasks)
             with self._cond:
                 self.batches_run += 1
-                self.rows_run += sum(t.rows for t in tasks)
+                self.rows_run += rows
+            if self._on_batch is not None:
+                self._on_batch(rows)
             self._execute(servable, sig, outputs, tasks)
 
     @staticmethod

@@ -19,10 +19,12 @@ import slimserve_quiet
 
 
 def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_size=1,
-              signature_name="serving_default", progress=None):
-    """One closed-loop run; returns a dict of latency percentiles (ms), rates and errors."""
+              signature_name="serving_default", progress=None, first_index=0):
+    """One closed-loop run; returns a dict of latency percentiles (ms), rates, errors and
+    the raw latencies (`latencies_ms`, for callers that pool several runs).
+    Request i sends images[(first_index + i) * batch_size ...]."""
     import numpy as np  # pylint: disable=import-outside-toplevel
-    counter = iter(range(requests))
+    counter = iter(range(first_index, first_index + requests))
     lock = threading.Lock()
     latencies, errors = [], {}
     deadline = time.perf_counter() + max_seconds
@@ -58,7 +60,7 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
         "errors": errors, "seconds": round(wall, 3),
         "requests_per_s": len(latencies) / wall, "images_per_s": len(latencies) * batch_size / wall,
         "p50_ms": float(np.percentile(millis, 50)), "p90_ms": float(np.percentile(millis, 90)),
-        "p99_ms": float(np.percentile(millis, 99)),
+        "p99_ms": float(np.percentile(millis, 99)), "latencies_ms": millis.tolist(),
     }
 
 
@@ -113,6 +115,7 @@ def main(argv):
 
         result = run_level(client, images, level, FLAGS.requests, FLAGS.max_seconds,
                            FLAGS.batch_size, FLAGS.signature_name, progress)
+        del result["latencies_ms"]
         rows.append(result)
         if FLAGS.json:
             print(json.dumps(result))

@@ -1,5 +1,7 @@
-"""Prometheus text-format metrics: request counts by model/API/status and a latency
-histogram, served at TF Serving's default path /monitoring/prometheus/metrics."""
+"""Prometheus text-format metrics: request counts by model/API/status, a latency
+histogram and, with batching on, the sizes of the batches actually run (what tells
+whether batching is filling); served at TF Serving's default path
+/monitoring/prometheus/metrics."""
 import bisect
 import collections
 import threading
@@ -15,6 +17,7 @@ class Metrics:
         self._buckets = collections.defaultdict(lambda: [0] * (len(_BUCKETS_MS) + 1))
         self._sums = collections.Counter()
         self._loads = collections.Counter()  # (model, state) -> n
+        self._batch_sizes = collections.Counter()  # rows in one batch -> number of batches
 
     def observe(self, model, api, status, seconds):
         millis = seconds * 1000.0
@@ -22,6 +25,10 @@ class Metrics:
             self._counts[(model, api, status)] += 1
             self._buckets[(model, api)][bisect.bisect_left(_BUCKETS_MS, millis)] += 1
             self._sums[(model, api)] += millis
+
+    def observe_batch(self, rows):
+        with self._lock:
+            self._batch_sizes[rows] += 1
 
     def model_event(self, model, state):
         with self._lock:
@@ -44,6 +51,16 @@ class Metrics:
                              'api="%s"} %.3f' % (model, api, self._sums[(model, api)]))
                 lines.append(':tensorflow:serving:request_latency_ms_count{model_name="%s",'
                              'api="%s"} %d' % (model, api, cumulative))
+            if self._batch_sizes:
+                name = ":tensorflow:serving:batching_session:processed_batch_size"
+                lines.append("# TYPE %s histogram" % name)
+                cumulative = 0
+                for size in sorted(self._batch_sizes):
+                    cumulative += self._batch_sizes[size]
+                    lines.append('%s_bucket{le="%d"} %d' % (name, size, cumulative))
+                lines.append('%s_bucket{le="+Inf"} %d' % (name, cumulative))
+                lines.append("%s_sum %d" % (name, sum(s * n for s, n in self._batch_sizes.items())))
+                lines.append("%s_count %d" % (name, cumulative))
             lines.append("# TYPE :tensorflow:core:servable_state_changes counter")
             for (model, state), count in sorted(self._loads.items()):
                 lines.append(':tensorflow:core:servable_state_changes{model_name="%s",'

@@ -93,7 +93,8 @@ class ModelServer:
         self.metrics = metrics.Metrics()
         self.manager = models.ModelManager(model_configs, warmup, session_config,
                                            max_load_retries)
-        self.batcher = batching_lib.Batcher(batching) if batching else None
+        self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch)
+                        if batching else None)
         self.service = service.InferenceService(self.manager, self.batcher, self.metrics)
         self._poll_seconds = poll_seconds
         options = dict([("grpc.max_receive_message_length", _MAX_MESSAGE),

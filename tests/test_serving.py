@@ -220,6 +220,14 @@ def test_200_concurrent_requests_with_batching_all_succeed(server, client, digit
     batches = server.batcher.batches_run - before[0]
     rows = server.batcher.rows_run - before[1]
     assert rows >= 200 and batches < 200  # requests really were merged
+    with urllib.request.urlopen("http://127.0.0.1:%d/monitoring/prometheus/metrics"
+                                % server.rest_api_port) as response:
+        text = response.read().decode()
+    name = ":tensorflow:serving:batching_session:processed_batch_size"
+    totals = {line.split()[0]: int(line.split()[1]) for line in text.splitlines()
+              if line.startswith((name + "_sum ", name + "_count "))}
+    assert totals == {name + "_sum": server.batcher.rows_run,
+                      name + "_count": server.batcher.batches_run}
 
 
 def test_full_queue_answers_unavailable_and_recovers(base_path, digits_data):

@@ -1,0 +1,40 @@
+"""A bare grpcio server whose one method sleeps a fixed time and answers with how long
+its handler took: the Python gRPC transport floor for a request of the same size and
+service time as a model call, to tell the transport's cost from the model server's.
+
+    python benchmarks/echo_server.py SECONDS      (prints its port, serves until killed)
+"""
+import struct
+import sys
+import time
+from concurrent import futures
+
+import grpc
+
+METHOD = "/slimserve.bench.Echo/Sleep"
+MAX_MESSAGE = 256 * 1024 * 1024
+
+
+def main():
+    seconds = float(sys.argv[1])
+
+    def sleep(request, context):
+        del request, context
+        started = time.perf_counter()
+        time.sleep(seconds)
+        return struct.pack("<d", time.perf_counter() - started)
+
+    handler = grpc.method_handlers_generic_handler("slimserve.bench.Echo", {
+        "Sleep": grpc.unary_unary_rpc_method_handler(sleep)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", MAX_MESSAGE)])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
