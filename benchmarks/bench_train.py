@@ -1,6 +1,8 @@
 """Training-step speed: the Estimator vs a bare tf.compat.v1.Session loop on the same
 graph with in-memory data, and the real input_fn vs synthetic data; resnet_v1_50 at 224
-and at a small size, with achieved GFLOP/s.
+and at a small size, with achieved GFLOP/s; fp32 and bf16 side by side. The input_fn's
+own rate is measured too: on a CPU-only machine decoding shares the cores with the step,
+which bounds how close real input can come to synthetic.
 
     make bench-train        (python benchmarks/bench_train.py --help)
 """
@@ -22,17 +24,23 @@ from estimator import dataset, inputs, model, run_config, schema  # noqa: E402  
 
 
 class _StepTimer(tf.estimator.SessionRunHook):
-    """Times steps after `skip` warm-up steps, inside the Estimator's own loop."""
+    """Records step-to-step times after `skip` warm-up steps, inside the Estimator's loop."""
 
     def __init__(self, skip):
-        self.skip, self.count, self.started, self.elapsed = skip, 0, None, None
+        self.skip, self.count, self.last, self.durations = skip, 0, None, []
 
     def after_run(self, run_context, run_values):
         self.count += 1
-        if self.count == self.skip:
-            self.started = time.perf_counter()
-        elif self.count > self.skip:
-            self.elapsed = time.perf_counter() - self.started
+        now = time.perf_counter()
+        if self.count > self.skip:
+            self.durations.append(now - self.last)
+        self.last = now
+
+
+def _rate(batch, durations):
+    """Images/s from the median step time: robust to the bursts of other load that
+    these shared machines have, which a mean over a few steps is not."""
+    return batch / float(np.median(durations))
 
 
 def _config(size, precision):
@@ -56,10 +64,12 @@ def bare_session(size, batch, steps, skip, precision):
             session.run(tf.compat.v1.global_variables_initializer())
             for _ in range(skip):
                 session.run(spec.train_op)
-            started = time.perf_counter()
+            durations = []
             for _ in range(steps):
+                started = time.perf_counter()
                 session.run(spec.train_op)
-            return steps * batch / (time.perf_counter() - started)
+                durations.append(time.perf_counter() - started)
+            return _rate(batch, durations)
 
 
 def estimator_rate(size, batch, steps, skip, precision, input_fn, model_dir):
@@ -71,7 +81,22 @@ def estimator_rate(size, batch, steps, skip, precision, input_fn, model_dir):
                                       log_step_count_steps=10 ** 6))
     timer = _StepTimer(skip)
     estimator.train(input_fn, steps=skip + steps, hooks=[timer])
-    return steps * batch / timer.elapsed
+    return _rate(batch, timer.durations)
+
+
+def input_only_rate(input_fn, batch, batches, skip):
+    """Images/s of the real input_fn alone (decode, crop, batch) on this machine's cores:
+    its CPU cost, which a CPU-only step has to share."""
+    graph = tf.Graph()
+    with graph.as_default():
+        next_batch = tf.compat.v1.data.make_one_shot_iterator(input_fn()).get_next()
+        with tf.compat.v1.Session() as session:
+            for _ in range(skip):
+                session.run(next_batch)
+            started = time.perf_counter()
+            for _ in range(batches):
+                session.run(next_batch)
+            return batches * batch / (time.perf_counter() - started)
 
 
 def synthetic_input_fn(size, batch):
@@ -87,9 +112,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="224,32", help="Image sides to measure.")
     parser.add_argument("--batch_sizes", default="16,32", help="Batch size per image side.")
-    parser.add_argument("--steps", default="8,60", help="Timed steps per image side.")
+    parser.add_argument("--steps", default="10,60",
+                        help="Timed steps per image side (rates use the median step).")
     parser.add_argument("--skip", type=int, default=3, help="Warm-up steps not timed.")
-    parser.add_argument("--precisions", default="fp32",
+    parser.add_argument("--precisions",
+                        default="fp32,bf16" if run_config.cpu_supports_bf16() else "fp32",
                         help="Comma-separated, measured side by side: fp32, bf16 (oneDNN "
                              "auto mixed precision on CPUs with AVX512_BF16), fp16 (GPU).")
     args = parser.parse_args()
@@ -106,13 +133,14 @@ def main():
         if precision not in run_config.PRECISIONS:
             parser.error("--precisions: %r is not one of %s" % (precision,
                                                                  run_config.PRECISIONS))
-    rows = []
+    rows, notes = [], []
     for size, batch, steps in zip(*(map(int, v.split(",")) for v in (
             args.sizes, args.batch_sizes, args.steps))):
         flops = 3 * model.count_flops(_config(size, "fp32")[0], size)  # fwd + bwd ~ 3x fwd
         real = inputs.make_input_fn(data_dir, schema.TRAIN, True, inputs.InputConfig(
             image_size=size, batch_size=batch, seed=0, shuffle_buffer=256))
         run_dir = common.work_dir("train_%d" % size)
+        input_rate = input_only_rate(real, batch, max(20, 4 * steps), args.skip)
         first_bare = None
         for precision in precisions:
             bare = bare_session(size, batch, steps, args.skip, precision)
@@ -131,9 +159,17 @@ def main():
             rows[-3].append("%.2f" % (bare / first_bare))
             rows[-2].append("")
             rows[-1].append("")
+            # if input and step only shared the cores (no stalls), real input would run at
+            shared = 1.0 / (1.0 / synthetic + 1.0 / input_rate)
+            notes.append("%d px %s: input_fn alone %.0f img/s; sharing the cores with it, "
+                         "the step could at best run %.1f img/s (%.2f of synthetic); real "
+                         "input ran %.2f of that bound" % (
+                             size, precision, input_rate, shared, shared / synthetic,
+                             real_rate / shared))
     common.table("resnet_v1_50 training step (%d cores)" % os.cpu_count(),
                  ["size", "batch", "precision", "loop", "images/s", "vs bare",
                   "vs synthetic", "GFLOP/s", "bare vs %s" % precisions[0]], rows)
+    print("\n".join([""] + notes))
 
 
 if __name__ == "__main__":

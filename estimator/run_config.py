@@ -14,6 +14,17 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DISTRIBUTIONS = ("auto", "none", "mirrored", "collective")
 
 
+def cpu_supports_bf16():
+    """True when the CPU has native bf16 math (AVX512_BF16 or AMX); None when unknown
+    (no /proc/cpuinfo). Without it oneDNN's bf16 rewrite emulates and gains nothing."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = set(handle.read().split())
+    except OSError:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def session_config(xla=False, precision="fp32", intra_op_threads=0, inter_op_threads=0):
     """ConfigProto with XLA and graph-rewrite mixed precision when asked for.
 
@@ -30,13 +41,27 @@ def session_config(xla=False, precision="fp32", intra_op_threads=0, inter_op_thr
     rewrite = config.graph_options.rewrite_options
     on = rewrite.ON if hasattr(rewrite, "ON") else 1
     if precision == "bf16":
+        if cpu_supports_bf16() is False and not tf.config.list_physical_devices("GPU"):
+            logging.warning("--precision=bf16: this CPU has neither AVX512_BF16 nor AMX, "
+                            "so oneDNN emulates bf16; expect no speed-up")
         rewrite.auto_mixed_precision_onednn_bfloat16 = on
     elif precision == "fp16":
         rewrite.auto_mixed_precision = on
     if xla:
         config.graph_options.optimizer_options.global_jit_level = (
             tf.compat.v1.OptimizerOptions.ON_1)
+        enable_cpu_auto_jit()
     return config
+
+
+def enable_cpu_auto_jit():
+    """global_jit_level clusters only GPU ops; CPU ops also need
+    TF_XLA_FLAGS=--tf_xla_cpu_global_jit. TensorFlow reads that variable once, when it
+    first sets up devices or a session, so train.py calls this before anything else."""
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    if "--tf_xla_cpu_global_jit" not in flags:
+        os.environ["TF_XLA_FLAGS"] = (flags + " --tf_xla_cpu_global_jit").strip()
+        logging.info("--xla on CPU: TF_XLA_FLAGS=%s", os.environ["TF_XLA_FLAGS"])
 
 
 def split_cpu(replicas):

@@ -185,6 +185,8 @@ def main(argv):
     del argv
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from estimator import dataset, inputs, model, progress, run_config  # pylint: disable=g-import-not-at-top
+    if FLAGS.xla:
+        run_config.enable_cpu_auto_jit()  # before anything sets up TensorFlow's devices
     try:
         model_config, train_input, eval_input = build_configs()
         train_fn = inputs.make_input_fn(FLAGS.data_dir, FLAGS.train_split, True, train_input)
