@@ -153,7 +153,7 @@ def main():
     parser.add_argument("--image_size", type=int, default=224, help="Model input side.")
     parser.add_argument("--concurrency", default="1,8,32", help="Closed-loop clients.")
     parser.add_argument("--requests", type=int, default=200, help="Requests per level.")
-    parser.add_argument("--seconds", type=float, default=6.0,
+    parser.add_argument("--seconds", type=float, default=12.0,
                         help="In-process timing per level (split over the rounds).")
     parser.add_argument("--rounds", type=int, default=3,
                         help="Alternations of in-process and served timing per level.")
@@ -205,7 +205,7 @@ def main():
             for level in levels:
                 matching = args.max_batch_size if batching and level > 1 else 1
                 rows_before, batches_before = batch_totals(metrics_url)
-                latencies, ratios, errors, served = [], [], 0, 0
+                latencies, ratios, rates, errors = [], [], [], 0
                 for round_index in range(args.rounds):
                     # alternate in-process and served so both see the same machine noise
                     local = local_rate(matching, args.seconds / args.rounds)
@@ -214,7 +214,7 @@ def main():
                                                 first_index=round_index * args.requests)
                     latencies += result["latencies_ms"]
                     errors += sum(result["errors"].values())
-                    served += result["requests"]
+                    rates.append(result["images_per_s"])
                     ratios.append(result["images_per_s"] / local)
                 rows_after, batches_after = batch_totals(metrics_url)
                 mean_batch = ("%.2f" % ((rows_after - rows_before) /
@@ -224,7 +224,7 @@ def main():
                     "on (max %d)" % args.max_batch_size if batching else "off", level,
                     "%.2f" % np.percentile(latencies, 50), "%.2f" % np.percentile(latencies, 90),
                     "%.2f" % np.percentile(latencies, 99),
-                    "%.1f" % (np.median(ratios) * np.median(local_rates[matching])),
+                    "%.1f" % np.median(rates),
                     mean_batch, errors, "%.2f (b%d)" % (np.median(ratios), matching)])
             client.close()
         finally:
@@ -237,8 +237,9 @@ def main():
     common.table("gRPC closed-loop load, batch-1 requests (%d cores)" % os.cpu_count(),
                  ["batching", "concurrency", "p50 ms", "p90 ms", "p99 ms", "img/s", "mean batch", "errors",
                   "vs in-process"], rows)
-    print("(vs in-process: median over %d rounds of served img/s / in-process img/s measured "
-          "just before, at the batch size given)" % args.rounds)
+    print("(img/s: median over %d rounds; vs in-process: median over the rounds of served "
+          "img/s / in-process img/s measured just before, at the batch size given)"
+          % args.rounds)
     print("\nconcurrency 1, %d interleaved pairs: in-process p50 %.2f ms, served p50 %.2f ms, "
           "median overhead per pair %+.2f ms.\nPython gRPC alone (bare grpcio server sleeping "
           "%.2f ms, same payloads): %.2f ms over its handler; GetModelStatus round trip "
