@@ -166,6 +166,9 @@ def main():
     parser.add_argument("--num_batch_threads", type=int, default=2,
                         help="Server batching: batches run at the same time.")
     args = parser.parse_args()
+    if args.rounds < 1 or args.requests < args.rounds or args.pairs < 1:
+        parser.error("--rounds and --pairs must be >= 1 and --requests >= --rounds "
+                     "(got %d, %d, %d)" % (args.rounds, args.pairs, args.requests))
     import make_photos  # pylint: disable=import-outside-toplevel
     photos = common.work_dir("photos")
     if not os.listdir(photos):
