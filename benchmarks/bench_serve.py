@@ -22,6 +22,7 @@ import urllib.request
 import numpy as np
 
 import common  # pylint: disable=wrong-import-order
+import echo_server  # pylint: disable=wrong-import-order
 
 import slimserve_quiet  # pylint: disable=wrong-import-order
 
@@ -30,7 +31,7 @@ import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 
 from estimator import model  # noqa: E402  pylint: disable=wrong-import-position
 from export import signatures, verify, writer  # noqa: E402  pylint: disable=wrong-import-position
-from serving import client as client_lib, loadtest  # noqa: E402  pylint: disable=wrong-import-position
+from serving import client as client_lib, loadtest, metrics  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def make_export(base, size):
@@ -78,7 +79,7 @@ def paired_overhead(session, meta, client, images, pairs):
             if which == 0:
                 run_in_process(session, meta, images, index, 1)
             else:
-                client.predict({"image_bytes": [images[index % len(images)]]})
+                client.predict({signatures.IMAGE_BYTES: [images[index % len(images)]]})
             (local if which == 0 else remote).append(time.perf_counter() - started)
     local, remote = np.array(local[5:]) * 1e3, np.array(remote[5:]) * 1e3
     status = []
@@ -99,7 +100,7 @@ def transport_floor(images, service_seconds, pairs):
          str(service_seconds)], stdout=subprocess.PIPE, text=True)
     try:
         channel = grpc.insecure_channel("127.0.0.1:%s" % process.stdout.readline().strip())
-        call = channel.unary_unary("/slimserve.bench.Echo/Sleep")
+        call = channel.unary_unary(echo_server.METHOD)
         extra = []
         for index in range(pairs + 5):
             request = tf.make_tensor_proto([images[index % len(images)]]).SerializeToString()
@@ -132,7 +133,7 @@ def start_server(base, batching, batch_file):
                                stderr=subprocess.DEVNULL, text=True)
     process.stdout.readline()  # "slimserve-server: gRPC ..." once it serves
     return (process, "127.0.0.1:%d" % port,
-            "http://127.0.0.1:%d/monitoring/prometheus/metrics" % rest_port)
+            "http://127.0.0.1:%d%s" % (rest_port, metrics.PATH))
 
 
 def batch_totals(metrics_url):
@@ -142,8 +143,7 @@ def batch_totals(metrics_url):
     values = {}
     for line in text.splitlines():
         for field in ("sum", "count"):
-            if line.startswith(":tensorflow:serving:batching_session:processed_batch_size_"
-                               + field + " "):
+            if line.startswith("%s_%s " % (metrics.BATCH_SIZE, field)):
                 values[field] = int(line.rsplit(" ", 1)[1])
     return values.get("sum", 0), values.get("count", 0)
 

@@ -11,7 +11,8 @@ from concurrent import futures
 
 import grpc
 
-METHOD = "/slimserve.bench.Echo/Sleep"
+SERVICE, NAME = "slimserve.bench.Echo", "Sleep"
+METHOD = "/%s/%s" % (SERVICE, NAME)
 MAX_MESSAGE = 256 * 1024 * 1024
 
 
@@ -24,8 +25,8 @@ def main():
         time.sleep(seconds)
         return struct.pack("<d", time.perf_counter() - started)
 
-    handler = grpc.method_handlers_generic_handler("slimserve.bench.Echo", {
-        "Sleep": grpc.unary_unary_rpc_method_handler(sleep)})
+    handler = grpc.method_handlers_generic_handler(SERVICE, {
+        NAME: grpc.unary_unary_rpc_method_handler(sleep)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE),
         ("grpc.max_send_message_length", MAX_MESSAGE)])

@@ -7,6 +7,7 @@ import collections
 import threading
 
 PATH = "/monitoring/prometheus/metrics"
+BATCH_SIZE = ":tensorflow:serving:batching_session:processed_batch_size"  # TF Serving's name
 _BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
@@ -52,7 +53,7 @@ class Metrics:
                 lines.append(':tensorflow:serving:request_latency_ms_count{model_name="%s",'
                              'api="%s"} %d' % (model, api, cumulative))
             if self._batch_sizes:
-                name = ":tensorflow:serving:batching_session:processed_batch_size"
+                name = BATCH_SIZE
                 lines.append("# TYPE %s histogram" % name)
                 cumulative = 0
                 for size in sorted(self._batch_sizes):

@@ -25,6 +25,7 @@ from export import signatures
 from export import verify
 from serving import batching
 from serving import client as client_lib
+from serving import metrics
 from serving import models
 from serving import server as server_lib
 
@@ -223,7 +224,7 @@ def test_200_concurrent_requests_with_batching_all_succeed(server, client, digit
     with urllib.request.urlopen("http://127.0.0.1:%d/monitoring/prometheus/metrics"
                                 % server.rest_api_port) as response:
         text = response.read().decode()
-    name = ":tensorflow:serving:batching_session:processed_batch_size"
+    name = metrics.BATCH_SIZE
     totals = {line.split()[0]: int(line.split()[1]) for line in text.splitlines()
               if line.startswith((name + "_sum ", name + "_count "))}
     assert totals == {name + "_sum": server.batcher.rows_run,
