@@ -23,6 +23,11 @@ def define_flags():
     flags.DEFINE_integer("seed", 0, "Seed of the split and of the training shard order.")
     flags.DEFINE_integer("num_workers", None, "Decode/convert processes (default: all cores).")
     flags.DEFINE_integer("jpeg_quality", 95, "JPEG quality for images that must be re-encoded.")
+    flags.DEFINE_integer("max_shorter_side", 0,
+                         "Shrink images whose shorter side is longer than this many pixels "
+                         "(aspect kept, never enlarged; 0 keeps the originals). Storing "
+                         "images near the training size (e.g. 256 for 224) cuts the JPEG "
+                         "decoding every training step pays.")
     flags.DEFINE_bool("overwrite", False, "Replace an existing finished data set in --output_dir.")
     flags.DEFINE_bool("progress", True, "Show a progress bar.")
     flags.mark_flags_as_required(["input", "output_dir"])
@@ -35,7 +40,7 @@ def main(argv):
         info = dataset.build_dataset(
             FLAGS.input, FLAGS.output_dir, FLAGS.validation_fraction, FLAGS.validation_input,
             FLAGS.train_shards, FLAGS.validation_shards, FLAGS.seed, FLAGS.num_workers,
-            FLAGS.jpeg_quality, FLAGS.overwrite, FLAGS.progress)
+            FLAGS.jpeg_quality, FLAGS.overwrite, FLAGS.progress, FLAGS.max_shorter_side)
     except dataset.DatasetError as error:
         sys.exit("slimserve-convert: %s" % error)
     summary = {split: info["splits"][split]["count"] for split in info["splits"]}

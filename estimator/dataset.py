@@ -111,9 +111,9 @@ def stratified_split(items, fraction, seed):
 
 
 def _convert(args):
-    item, jpeg_quality = args
+    item, jpeg_quality, max_shorter_side = args
     try:
-        return item, image_files.load_image(item.path, jpeg_quality), None
+        return item, image_files.load_image(item.path, jpeg_quality, max_shorter_side), None
     except image_files.SkippedImage as skipped:
         return item, None, str(skipped)
     except Exception as error:  # pylint: disable=broad-except  (never crash a conversion)
@@ -121,13 +121,14 @@ def _convert(args):
 
 
 def _write_split(split, items, num_shards, label_ids, staging, pool, jpeg_quality,
-                 progress):
+                 max_shorter_side, progress):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     num_shards = max(1, min(num_shards, len(items))) if items else 0
     per_class = collections.Counter()
     skipped, converted, written = [], 0, 0
     shard_counts = []
-    results = pool.imap(_convert, [(item, jpeg_quality) for item in items], chunksize=8)
+    results = pool.imap(_convert, [(item, jpeg_quality, max_shorter_side) for item in items],
+                        chunksize=8)
     position = 0
     for shard in range(num_shards):
         end = (shard + 1) * len(items) // num_shards
@@ -170,7 +171,7 @@ def _existing_outputs(output_dir):
 
 def build_dataset(input_path, output_dir, validation_fraction=0.2, validation_input=None,
                   train_shards=8, validation_shards=2, seed=0, num_workers=None,
-                  jpeg_quality=95, overwrite=False, show_progress=True):
+                  jpeg_quality=95, overwrite=False, show_progress=True, max_shorter_side=0):
     """Converts images to TFRecords; returns the dataset_info dictionary."""
     items, skipped = read_input(input_path)
     if validation_input:
@@ -188,6 +189,9 @@ def build_dataset(input_path, output_dir, validation_fraction=0.2, validation_in
                         ("--validation_shards", validation_shards)):
         if value < 1:
             raise DatasetError("%s must be >= 1, got %d" % (flag, value))
+    if max_shorter_side < 0:
+        raise DatasetError("--max_shorter_side must be >= 0 (0 keeps the original size), "
+                           "got %d" % max_shorter_side)
 
     os.makedirs(output_dir, exist_ok=True)
     if os.path.exists(os.path.join(output_dir, schema.INFO_FILE)) and not overwrite:
@@ -205,7 +209,8 @@ def build_dataset(input_path, output_dir, validation_fraction=0.2, validation_in
     context = multiprocessing.get_context("fork")
     workers = num_workers or os.cpu_count() or 1
     info = {"num_classes": len(names), "labels": names, "splits": {}, "seed": seed,
-            "validation_fraction": None if validation_input else validation_fraction}
+            "validation_fraction": None if validation_input else validation_fraction,
+            "max_shorter_side": max_shorter_side}
     all_skipped = list(skipped)
     with context.Pool(workers) as pool, tqdm(
             total=len(train) + len(validation), unit="img", desc="converting",
@@ -213,7 +218,8 @@ def build_dataset(input_path, output_dir, validation_fraction=0.2, validation_in
         for split, split_items, shards in ((schema.TRAIN, train, train_shards),
                                            (schema.VALIDATION, validation, validation_shards)):
             info["splits"][split], split_skipped = _write_split(
-                split, split_items, shards, label_ids, staging, pool, jpeg_quality, progress)
+                split, split_items, shards, label_ids, staging, pool, jpeg_quality,
+                max_shorter_side, progress)
             all_skipped += split_skipped
     info["skipped"] = all_skipped
     schema.write_labels(os.path.join(staging, schema.LABELS_FILE), names)

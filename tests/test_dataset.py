@@ -172,3 +172,32 @@ def test_failure_midway_leaves_no_finished_looking_shard(tmp_path, digits_dir, m
                                  validation_shards=1, show_progress=False)
     assert info["splits"]["train"]["count"] > 0
     assert dataset.PARTIAL_DIR not in os.listdir(out)
+
+
+def test_max_shorter_side_shrinks_large_images_only(tmp_path, digits_dir):
+    import make_photos  # pylint: disable=import-outside-toplevel
+    source = tmp_path / "in"
+    make_photos.write_photos(str(source / "photos"), 6)  # 500x375 JPEGs
+    small = sorted(f for f in os.listdir(os.path.join(digits_dir, "3")) if f.endswith(".jpg"))
+    os.makedirs(source / "digits")
+    for name in small[:4]:  # 32x32, below the limit: kept byte-for-byte
+        shutil.copy(os.path.join(digits_dir, "3", name), source / "digits" / name)
+    out = str(tmp_path / "out")
+    with pytest.raises(dataset.DatasetError, match="--max_shorter_side"):
+        dataset.build_dataset(str(source), out, 0.0, max_shorter_side=-1, show_progress=False)
+    info = dataset.build_dataset(str(source), out, 0.0, train_shards=2, max_shorter_side=48,
+                                 show_progress=False)
+    assert info["max_shorter_side"] == 48
+    sizes = {}
+    for example in _records(out, "train"):
+        feature = example.features.feature
+        label = feature[schema.TEXT].bytes_list.value[0].decode()
+        stored = feature[schema.ENCODED].bytes_list.value[0]
+        height, width = feature[schema.HEIGHT].int64_list.value[0], feature[
+            schema.WIDTH].int64_list.value[0]
+        assert tf.io.decode_jpeg(stored).shape.as_list() == [height, width, 3]
+        sizes.setdefault(label, set()).add((height, width))
+        if label == "digits":
+            name = feature[schema.FILENAME].bytes_list.value[0].decode()
+            assert stored == open(source / "digits" / name, "rb").read()
+    assert sizes == {"photos": {(48, 64)}, "digits": {(32, 32)}}
