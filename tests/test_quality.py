@@ -2,9 +2,8 @@
 
 A slim-format source checkpoint (resnet_v1_50 trained on digits 0-4) stands in for the
 official one; fine-tuning on all ten digits with the head excluded and the stem and
-block1 frozen must reach high validation accuracy (target 97%; asserted 95%, see the
-comment below) and beat training from scratch at the same step budget, leaving frozen
-weights and BN statistics bit-identical.
+block1 frozen must reach 97% validation accuracy and beat training from scratch at the
+same step budget, leaving frozen weights and BN statistics bit-identical.
 """
 import glob
 import os
@@ -46,14 +45,15 @@ def test_finetuning_beats_scratch_and_reaches_high_accuracy(digits_dir, digits_d
     scratch = tmp_path / "scratch"
     run_cli("estimator.train", "--flagfile", os.path.join(FLAGS, "digits_finetune.flags"),
             "--data_dir", digits_data, "--model_dir", scratch, "--freeze_scopes=",
-            "--checkpoint_exclude_scopes=", "--learning_rate", 0.001, "--noexport")
+            "--checkpoint_exclude_scopes=", "--noexport")
 
     tuned, fresh = eval_accuracy_by_step(str(finetune)), eval_accuracy_by_step(str(scratch))
     print("fine-tuned:", tuned, "\nfrom scratch:", fresh)
-    assert sorted(tuned) == sorted(fresh) == [100, 200, 300]
-    # The target is 97% (98% aimed for); single runs measured 96.7-98.1% final accuracy
-    # (README), so the test asserts a margin that noise of a few images cannot flip.
-    assert tuned[300] >= 0.95
+    assert sorted(tuned) == sorted(fresh) == [50, 100, 150, 200, 250, 300]
+    # Ten fine-tuning runs of this recipe ended at 97.8-98.9% (README); one image is 0.28%.
+    assert tuned[300] >= 0.97
+    # Better over the whole budget: the mean of the six evaluations (the learning curve),
+    # not a single point, which a few images decide once both runs are near 98%.
     assert np.mean(list(tuned.values())) > np.mean(list(fresh.values()))
 
     before = tf.train.load_checkpoint(str(source))
