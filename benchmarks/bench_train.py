@@ -1,14 +1,25 @@
 """Training-step speed: the Estimator vs a bare tf.compat.v1.Session loop on the same
 graph with in-memory data, and the real input_fn vs synthetic data; resnet_v1_50 at 224
-and at a small size, with achieved GFLOP/s; fp32 and bf16 side by side. The input_fn's
-own rate is measured too: on a CPU-only machine decoding shares the cores with the step,
-which bounds how close real input can come to synthetic.
+and at a small size, with achieved GFLOP/s; fp32 and bf16 side by side.
+
+These machines' speed drifts by tens of percent within minutes, so loops measured one
+after the other cannot be compared to a few percent. Every loop here is built once and
+kept alive (each Estimator trains in its own thread, paced by a hook); they then take
+turns in rounds of a few steps, and each ratio is the median of per-round ratios.
+
+Real input runs twice: over the 500x375 photographs as they are, and over a copy the
+converter stored with --max_shorter_side near the training size, as one would prepare
+data for a small model. The input_fn's own rate is measured too: on a CPU-only machine
+decoding shares the cores with the step, which bounds how close real input can come to
+synthetic.
 
     make bench-train        (python benchmarks/bench_train.py --help)
 """
 import argparse
 import dataclasses
 import os
+import queue
+import threading
 import time
 
 import numpy as np
@@ -23,26 +34,6 @@ import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 from estimator import dataset, inputs, model, run_config, schema  # noqa: E402  pylint: disable=wrong-import-position
 
 
-class _StepTimer(tf.estimator.SessionRunHook):
-    """Records step-to-step times after `skip` warm-up steps, inside the Estimator's loop."""
-
-    def __init__(self, skip):
-        self.skip, self.count, self.last, self.durations = skip, 0, None, []
-
-    def after_run(self, run_context, run_values):
-        self.count += 1
-        now = time.perf_counter()
-        if self.count > self.skip:
-            self.durations.append(now - self.last)
-        self.last = now
-
-
-def _rate(batch, durations):
-    """Images/s from the median step time: robust to the bursts of other load that
-    these shared machines have, which a mean over a few steps is not."""
-    return batch / float(np.median(durations))
-
-
 def _config(size, precision):
     return model.ModelConfig(model_name="resnet_v1_50", num_classes=10, image_size=size,
                              optimizer="momentum", learning_rate=0.01,
@@ -50,38 +41,96 @@ def _config(size, precision):
                                  precision=precision)
 
 
-def bare_session(size, batch, steps, skip, precision):
-    config, session_config = _config(size, precision)
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.set_random_seed(0)
-        rng = np.random.RandomState(0)
-        images = tf.constant(rng.randn(batch, size, size, 3).astype(np.float32))
-        labels = tf.constant(rng.randint(0, 10, batch).astype(np.int32))
-        spec = model.model_fn({"image": images}, labels, tf.estimator.ModeKeys.TRAIN,
-                              dataclasses.asdict(config))
-        with tf.compat.v1.Session(config=session_config) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            for _ in range(skip):
-                session.run(spec.train_op)
-            durations = []
-            for _ in range(steps):
-                started = time.perf_counter()
-                session.run(spec.train_op)
-                durations.append(time.perf_counter() - started)
-            return _rate(batch, durations)
+class BareLoop:
+    """model_fn's train op in a plain Session over one in-memory batch."""
+
+    def __init__(self, size, batch, precision):
+        config, session_config = _config(size, precision)
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.compat.v1.set_random_seed(0)
+            rng = np.random.RandomState(0)
+            images = tf.constant(rng.randn(batch, size, size, 3).astype(np.float32))
+            labels = tf.constant(rng.randint(0, 10, batch).astype(np.int32))
+            self.train_op = model.model_fn({"image": images}, labels,
+                                           tf.estimator.ModeKeys.TRAIN,
+                                           dataclasses.asdict(config)).train_op
+            self.session = tf.compat.v1.Session(config=session_config)
+            self.session.run(tf.compat.v1.global_variables_initializer())
+
+    def run(self, steps):
+        """Seconds for `steps` training steps."""
+        started = time.perf_counter()
+        for _ in range(steps):
+            self.session.run(self.train_op)
+        return time.perf_counter() - started
+
+    def close(self):
+        self.session.close()
 
 
-def estimator_rate(size, batch, steps, skip, precision, input_fn, model_dir):
-    config, session_config = _config(size, precision)
-    estimator = tf.estimator.Estimator(
-        model.model_fn, model_dir=model_dir, params=dataclasses.asdict(config),
-        config=tf.estimator.RunConfig(session_config=session_config, tf_random_seed=0,
-                                      save_checkpoints_steps=10 ** 6, save_summary_steps=10 ** 6,
-                                      log_step_count_steps=10 ** 6))
-    timer = _StepTimer(skip)
-    estimator.train(input_fn, steps=skip + steps, hooks=[timer])
-    return _rate(batch, timer.durations)
+class _Pacer(tf.estimator.SessionRunHook):
+    """Holds the Estimator's own training loop between rounds: it runs exactly the
+    steps it is given, reports their time, then waits for the next order."""
+
+    def __init__(self):
+        self.orders, self.reports = queue.Queue(), queue.Queue()
+        self.left, self.started = 0, 0.0
+        self.waiting = threading.Event()  # set once the graph is built and the session up
+
+    def before_run(self, run_context):
+        if self.left == 0:
+            self.waiting.set()
+            order = self.orders.get()
+            if order is None:
+                run_context.request_stop()  # this last step runs untimed
+                self.left = -1
+                return
+            self.left, self.started = order, time.perf_counter()
+
+    def after_run(self, run_context, run_values):
+        self.left -= 1
+        if self.left == 0:
+            self.reports.put(time.perf_counter() - self.started)
+
+
+class EstimatorLoop:
+    """Estimator.train in a background thread; run(steps) lets it take that many steps."""
+
+    def __init__(self, size, precision, input_fn, model_dir):
+        config, session_config = _config(size, precision)
+        self.estimator = tf.estimator.Estimator(
+            model.model_fn, model_dir=model_dir, params=dataclasses.asdict(config),
+            config=tf.estimator.RunConfig(
+                session_config=session_config, tf_random_seed=0,
+                save_checkpoints_steps=10 ** 9, save_checkpoints_secs=None,
+                save_summary_steps=10 ** 9, log_step_count_steps=10 ** 9))
+        self.pacer, self.errors = _Pacer(), []
+        self.thread = threading.Thread(target=self._train, args=(input_fn,), daemon=True)
+        self.thread.start()
+        # Graphs are built one at a time: tf_slim's arg_scope stack is process-global.
+        self.pacer.waiting.wait()
+        if self.errors:
+            raise RuntimeError("Estimator loop failed: %r" % self.errors[0])
+
+    def _train(self, input_fn):
+        try:
+            self.estimator.train(input_fn, hooks=[self.pacer])
+        except Exception as error:  # pylint: disable=broad-except  (re-raised in run)
+            self.errors.append(error)
+            self.pacer.reports.put(None)
+            self.pacer.waiting.set()
+
+    def run(self, steps):
+        self.pacer.orders.put(steps)
+        seconds = self.pacer.reports.get()
+        if seconds is None:
+            raise RuntimeError("Estimator loop failed: %r" % self.errors[0])
+        return seconds
+
+    def close(self):
+        self.pacer.orders.put(None)
+        self.thread.join()
 
 
 def input_only_rate(input_fn, batch, batches, skip):
@@ -108,65 +157,118 @@ def synthetic_input_fn(size, batch):
     return input_fn
 
 
+def take_turns(loops, steps, rounds, skip):
+    """Seconds per round for each loop; the order rotates every round, and a warm-up
+    round of `skip` steps each comes first."""
+    for loop in loops.values():
+        loop.run(skip)
+    names = list(loops)
+    seconds = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            seconds[name].append(loops[name].run(steps))
+    return {name: np.array(values) for name, values in seconds.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="224,32", help="Image sides to measure.")
     parser.add_argument("--batch_sizes", default="16,32", help="Batch size per image side.")
-    parser.add_argument("--steps", default="10,60",
-                        help="Timed steps per image side (rates use the median step).")
-    parser.add_argument("--skip", type=int, default=3, help="Warm-up steps not timed.")
+    parser.add_argument("--steps", default="3,20",
+                        help="Steps per loop per round, per image side.")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="Rounds in which every loop takes its turn; ratios are the "
+                             "median over rounds.")
+    parser.add_argument("--skip", type=int, default=3,
+                        help="Warm-up steps per loop before the rounds, not timed.")
+    parser.add_argument("--stored_sides", default="256,64",
+                        help="Per image side, the converter's --max_shorter_side for the "
+                             "second copy of the photographs (0: no such row).")
     parser.add_argument("--precisions",
                         default="fp32,bf16" if run_config.cpu_supports_bf16() else "fp32",
                         help="Comma-separated, measured side by side: fp32, bf16 (oneDNN "
                              "auto mixed precision on CPUs with AVX512_BF16), fp16 (GPU).")
     args = parser.parse_args()
-    import make_photos  # pylint: disable=import-outside-toplevel
-    photos = common.work_dir("photos")
-    data_dir = os.path.join(common.WORK, "photos_tfrecords")
-    if not os.listdir(photos):
-        make_photos.write_photos(photos, 400)
-    if not os.path.exists(os.path.join(data_dir, schema.INFO_FILE)):
-        dataset.build_dataset(photos, data_dir, 0.0, train_shards=8, validation_shards=1,
-                              show_progress=False)
     precisions = args.precisions.split(",")
     for precision in precisions:
         if precision not in run_config.PRECISIONS:
             parser.error("--precisions: %r is not one of %s" % (precision,
                                                                  run_config.PRECISIONS))
+    if args.rounds < 1 or args.skip < 1:
+        parser.error("--rounds and --skip must be >= 1")
+    import make_photos  # pylint: disable=import-outside-toplevel
+    photos = common.work_dir("photos")
+    if not os.listdir(photos):
+        make_photos.write_photos(photos, 400)
+
+    def photo_records(max_shorter_side):
+        """The photographs as TFRecords, built once per --max_shorter_side."""
+        path = os.path.join(common.WORK, "photos_tfrecords" + (
+            "_side%d" % max_shorter_side if max_shorter_side else ""))
+        if not os.path.exists(os.path.join(path, schema.INFO_FILE)):
+            dataset.build_dataset(photos, path, 0.0, train_shards=8, validation_shards=1,
+                                  show_progress=False, max_shorter_side=max_shorter_side)
+        return path
+
     rows, notes = [], []
-    for size, batch, steps in zip(*(map(int, v.split(",")) for v in (
-            args.sizes, args.batch_sizes, args.steps))):
+    for size, batch, steps, side in zip(*(map(int, v.split(",")) for v in (
+            args.sizes, args.batch_sizes, args.steps, args.stored_sides))):
         flops = 3 * model.count_flops(_config(size, "fp32")[0], size)  # fwd + bwd ~ 3x fwd
-        real = inputs.make_input_fn(data_dir, schema.TRAIN, True, inputs.InputConfig(
-            image_size=size, batch_size=batch, seed=0, shuffle_buffer=256))
-        run_dir = common.work_dir("train_%d" % size)
-        input_rate = input_only_rate(real, batch, max(20, 4 * steps), args.skip)
-        first_bare = None
+        input_config = inputs.InputConfig(image_size=size, batch_size=batch, seed=0,
+                                          shuffle_buffer=256)
+        real_inputs = {"Estimator, real input_fn, 500x375 stored": photo_records(0)}
+        if side:
+            real_inputs["Estimator, real input_fn, stored at side %d" % side] = (
+                photo_records(side))
+        input_rates = {
+            name: input_only_rate(inputs.make_input_fn(path, schema.TRAIN, True,
+                                                       input_config),
+                                  batch, max(20, 4 * steps), args.skip)
+            for name, path in real_inputs.items()}
+        bare_rates = {}
         for precision in precisions:
-            bare = bare_session(size, batch, steps, args.skip, precision)
-            first_bare = first_bare or bare
-            synthetic = estimator_rate(size, batch, steps, args.skip, precision,
-                                       synthetic_input_fn(size, batch),
-                                       os.path.join(run_dir, "s_" + precision))
-            real_rate = estimator_rate(size, batch, steps, args.skip, precision, real,
-                                       os.path.join(run_dir, "r_" + precision))
-            for name, rate in (("bare Session, in-memory batch", bare),
-                               ("Estimator, synthetic input", synthetic),
-                               ("Estimator, real input_fn", real_rate)):
+            run_dir = common.work_dir("train_%d_%s" % (size, precision))
+            print("%d px %s: building the loops, then %d rounds of %d steps each" % (
+                size, precision, args.rounds, steps), flush=True)
+            loops = {"bare Session, in-memory batch": BareLoop(size, batch, precision),
+                     "Estimator, synthetic input": EstimatorLoop(
+                         size, precision, synthetic_input_fn(size, batch),
+                         os.path.join(run_dir, "synthetic"))}
+            for index, (name, path) in enumerate(real_inputs.items()):
+                loops[name] = EstimatorLoop(
+                    size, precision, inputs.make_input_fn(path, schema.TRAIN, True,
+                                                          input_config),
+                    os.path.join(run_dir, "real%d" % index))
+            try:
+                seconds = take_turns(loops, steps, args.rounds, args.skip)
+            finally:
+                for loop in loops.values():
+                    loop.close()
+            bare, synthetic = seconds["bare Session, in-memory batch"], seconds[
+                "Estimator, synthetic input"]
+            bare_rates[precision] = steps * batch / np.median(bare)
+            for name, times in seconds.items():
+                rate = steps * batch / np.median(times)
                 rows.append([size, batch, precision, name, "%.1f" % rate,
-                             "%.2f" % (rate / bare), "%.2f" % (rate / synthetic),
-                             "%.1f" % (rate * flops / 1e9)])
-            rows[-3].append("%.2f" % (bare / first_bare))
-            rows[-2].append("")
-            rows[-1].append("")
-            # if input and step only shared the cores (no stalls), real input would run at
-            shared = 1.0 / (1.0 / synthetic + 1.0 / input_rate)
-            notes.append("%d px %s: input_fn alone %.0f img/s; sharing the cores with it, "
-                         "the step could at best run %.1f img/s (%.2f of synthetic); real "
-                         "input ran %.2f of that bound" % (
-                             size, precision, input_rate, shared, shared / synthetic,
-                             real_rate / shared))
-    common.table("resnet_v1_50 training step (%d cores)" % os.cpu_count(),
+                             "%.2f" % np.median(bare / times),
+                             "%.2f" % np.median(synthetic / times),
+                             "%.1f" % (rate * flops / 1e9),
+                             "%.2f" % (bare_rates[precision] / bare_rates[precisions[0]])
+                             if times is bare else ""])
+                if name in input_rates:
+                    # if input and step only shared the cores (no stalls), real input
+                    # would run at this fraction of synthetic
+                    synthetic_rate = steps * batch / np.median(synthetic)
+                    shared = 1.0 / (1.0 / synthetic_rate + 1.0 / input_rates[name])
+                    notes.append("%d px %s, %s: input_fn alone %.0f img/s; sharing the cores "
+                                 "with it, the step could at best run %.2f of synthetic" % (
+                                     size, precision, name.split(", ")[-1], input_rates[name],
+                                     shared / synthetic_rate))
+            spread = bare.max() / bare.min()
+            notes.append("%d px %s: the bare loop's round times varied %.2fx over the run" % (
+                size, precision, spread))
+    common.table("resnet_v1_50 training step (%d cores; %d interleaved rounds)" % (
+        os.cpu_count(), args.rounds),
                  ["size", "batch", "precision", "loop", "images/s", "vs bare",
                   "vs synthetic", "GFLOP/s", "bare vs %s" % precisions[0]], rows)
     print("\n".join([""] + notes))
