@@ -174,9 +174,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="224,32", help="Image sides to measure.")
     parser.add_argument("--batch_sizes", default="16,32", help="Batch size per image side.")
-    parser.add_argument("--steps", default="3,20",
+    parser.add_argument("--steps", default="2,5",
                         help="Steps per loop per round, per image side.")
-    parser.add_argument("--rounds", type=int, default=7,
+    parser.add_argument("--rounds", type=int, default=20,
                         help="Rounds in which every loop takes its turn; ratios are the "
                              "median over rounds.")
     parser.add_argument("--skip", type=int, default=3,
