@@ -34,6 +34,9 @@ import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 from estimator import dataset, inputs, model, run_config, schema  # noqa: E402  pylint: disable=wrong-import-position
 
 
+BARE = "bare Session, in-memory batch"
+
+
 def _config(size, precision):
     return model.ModelConfig(model_name="resnet_v1_50", num_classes=10, image_size=size,
                              optimizer="momentum", learning_rate=0.01,
@@ -180,7 +183,9 @@ def main():
                         help="Rounds in which every loop takes its turn; ratios are the "
                              "median over rounds.")
     parser.add_argument("--skip", type=int, default=3,
-                        help="Warm-up steps per loop before the rounds, not timed.")
+                        help="Warm-up steps per loop before the rounds, not timed. The "
+                             "Estimator's first steps are slow (measured 10x with 1), so "
+                             "keep >= 3.")
     parser.add_argument("--stored_sides", default="256,64",
                         help="Per image side, the converter's --max_shorter_side for the "
                              "second copy of the photographs (0: no such row).")
@@ -196,6 +201,16 @@ def main():
                                                                  run_config.PRECISIONS))
     if args.rounds < 1 or args.skip < 1:
         parser.error("--rounds and --skip must be >= 1")
+    per_size = {}
+    for flag in ("sizes", "batch_sizes", "steps", "stored_sides"):
+        try:
+            per_size[flag] = [int(v) for v in getattr(args, flag).split(",")]
+        except ValueError:
+            parser.error("--%s: expected comma-separated integers, got %r"
+                         % (flag, getattr(args, flag)))
+        if len(per_size[flag]) != len(per_size["sizes"]):
+            parser.error("--%s has %d values for %d --sizes: give one per image side"
+                         % (flag, len(per_size[flag]), len(per_size["sizes"])))
     import make_photos  # pylint: disable=import-outside-toplevel
     photos = common.work_dir("photos")
     if not os.listdir(photos):
@@ -211,8 +226,7 @@ def main():
         return path
 
     rows, notes = [], []
-    for size, batch, steps, side in zip(*(map(int, v.split(",")) for v in (
-            args.sizes, args.batch_sizes, args.steps, args.stored_sides))):
+    for size, batch, steps, side in zip(*per_size.values()):
         flops = 3 * model.count_flops(_config(size, "fp32")[0], size)  # fwd + bwd ~ 3x fwd
         input_config = inputs.InputConfig(image_size=size, batch_size=batch, seed=0,
                                           shuffle_buffer=256)
@@ -230,7 +244,7 @@ def main():
             run_dir = common.work_dir("train_%d_%s" % (size, precision))
             print("%d px %s: building the loops, then %d rounds of %d steps each" % (
                 size, precision, args.rounds, steps), flush=True)
-            loops = {"bare Session, in-memory batch": BareLoop(size, batch, precision),
+            loops = {BARE: BareLoop(size, batch, precision),
                      "Estimator, synthetic input": EstimatorLoop(
                          size, precision, synthetic_input_fn(size, batch),
                          os.path.join(run_dir, "synthetic"))}
@@ -244,8 +258,7 @@ def main():
             finally:
                 for loop in loops.values():
                     loop.close()
-            bare, synthetic = seconds["bare Session, in-memory batch"], seconds[
-                "Estimator, synthetic input"]
+            bare, synthetic = seconds[BARE], seconds["Estimator, synthetic input"]
             bare_rates[precision] = steps * batch / np.median(bare)
             for name, times in seconds.items():
                 rate = steps * batch / np.median(times)
@@ -254,7 +267,7 @@ def main():
                              "%.2f" % np.median(synthetic / times),
                              "%.1f" % (rate * flops / 1e9),
                              "%.2f" % (bare_rates[precision] / bare_rates[precisions[0]])
-                             if times is bare else ""])
+                             if name == BARE else ""])
                 if name in input_rates:
                     # if input and step only shared the cores (no stalls), real input
                     # would run at this fraction of synthetic
