@@ -8,14 +8,25 @@ if not ((3, 9) <= sys.version_info[:2] <= (3, 11)):
 
 from setuptools import find_packages, setup  # noqa: E402  pylint: disable=g-import-not-at-top
 
+# The repository keeps the three libraries as top-level folders (the project's agreed
+# layout); installed, they live under the one import name `slimserve`, so a pip install
+# adds exactly one top-level name to site-packages, in editable and normal installs alike.
+LIBRARIES = ("estimator", "export", "serving")
+PACKAGE_DIR = {"slimserve": "slimserve"}
+PACKAGES = ["slimserve"] + ["slimserve." + p for p in find_packages("slimserve")]
+for _library in LIBRARIES:
+    PACKAGE_DIR["slimserve." + _library] = _library
+    PACKAGES += ["slimserve." + _library] + ["slimserve.%s.%s" % (_library, p)
+                                             for p in find_packages(_library)]
+
 setup(
     name="slimserve",
     version="0.1.0",
     description=" ".join(__doc__.split()),
     python_requires=">=3.9,<3.12",
-    packages=find_packages(include=["estimator", "estimator.*", "export", "export.*",
-                                    "serving", "serving.*"]),
-    package_data={"serving": ["tfserving/*"]},
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
+    package_data={"slimserve.serving": ["tfserving/*", "kubernetes/*"]},
     install_requires=[
         "tensorflow>=2.15,<2.16",
         "tensorflow-estimator>=2.15,<2.16",
@@ -30,7 +41,7 @@ setup(
         "absl-py>=1.0",
         "Pillow>=9.0",
         "tqdm>=4.60",
-        "waitress>=3.0.2,<3.1",  # the REST API's HTTP server (serving/rest.py subclasses it)
+        "waitress>=3.0.2,<3.1",  # the REST API's HTTP server (serving/api/rest_api.py subclasses it)
     ],
     extras_require={
         "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",
@@ -41,14 +52,14 @@ setup(
                  "apache-beam>=2.61,<2.72; python_version<'3.10'"],
     },
     entry_points={"console_scripts": [
-        "slimserve-convert=estimator.cli.convert:run",
-        "slimserve-train=estimator.cli.train:run",
-        "slimserve-export=export.cli.export:run",
-        "slimserve-server=serving.cli.server:run",
-        "slimserve-client=serving.cli.client:run",
-        "slimserve-loadtest=serving.cli.loadtest:run",
-        "slimserve-compare=serving.cli.compare:run",
-        "slimserve-tune-batching=serving.cli.tune_batching:run",
-        "slimserve-predict=serving.cli.predict:run",
+        "slimserve-convert=slimserve.cli.convert:run",
+        "slimserve-train=slimserve.cli.train:run",
+        "slimserve-export=slimserve.cli.export:run",
+        "slimserve-server=slimserve.cli.server:run",
+        "slimserve-client=slimserve.cli.client:run",
+        "slimserve-loadtest=slimserve.cli.loadtest:run",
+        "slimserve-compare=slimserve.cli.compare:run",
+        "slimserve-tune-batching=slimserve.cli.tune_batching:run",
+        "slimserve-predict=slimserve.cli.predict:run",
     ]},
 )

@@ -19,7 +19,7 @@ import time
 
 import common  # pylint: disable=wrong-import-order
 
-from serving.cli import logs  # pylint: disable=wrong-import-order
+from slimserve.cli import logs  # pylint: disable=wrong-import-order
 
 logs.quiet_tensorflow()
 logging.getLogger("apache_beam").setLevel(logging.WARNING)
@@ -27,10 +27,15 @@ import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 
 import bench_serve  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import make_digits  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
-from estimator import beam_dataset, dataset  # noqa: E402  pylint: disable=wrong-import-position
-from serving import batching, beam_inference, bulk_predict, models  # noqa: E402  pylint: disable=wrong-import-position
-from serving import client as client_lib, server as server_lib  # noqa: E402  pylint: disable=wrong-import-position
-from serving.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import beam_dataset  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import dataset
+from slimserve.serving.core import batching  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving.tools import beam_inference
+from slimserve.serving.tools import bulk_predict
+from slimserve.serving.core import manager as models
+from slimserve.serving.tools import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving import server as server_lib
+from slimserve.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
 
 MULTI = "--direct_num_workers=2 --direct_running_mode=multi_processing"
 

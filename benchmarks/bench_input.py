@@ -17,12 +17,15 @@ from PIL import Image
 
 import common  # pylint: disable=wrong-import-order
 
-from serving.cli import logs  # pylint: disable=wrong-import-order
+from slimserve.cli import logs  # pylint: disable=wrong-import-order
 
 logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 
-from estimator import dataset, inputs, preprocessing, schema  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import dataset  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import inputs
+from slimserve.estimator import preprocessing
+from slimserve.estimator import schema
 
 SIZE = 224
 

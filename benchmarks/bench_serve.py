@@ -7,7 +7,7 @@ the maximum request rate on a trivial model against bare grpcio and waitress.
     make bench-serve        (python benchmarks/bench_serve.py --help)
 
 The server runs in its own process (slimserve-server, memory-capped), as in production;
-the load generator is serving/loadtest.py (benchmarks/request_rate.py for the rate rows).
+the load generator is serving/tools/loadtest.py (benchmarks/request_rate.py for the rate rows).
 These machines are noisy, so every comparison is made side by side: in-process, served
 without and with batching take turns in every round (the order rotating, all servers up
 all along), the concurrency-1 overhead is the median difference of interleaved request
@@ -31,14 +31,19 @@ import common  # pylint: disable=wrong-import-order
 import echo_server  # pylint: disable=wrong-import-order
 import request_rate  # pylint: disable=wrong-import-order
 
-from serving.cli import logs  # pylint: disable=wrong-import-order
+from slimserve.cli import logs  # pylint: disable=wrong-import-order
 
 logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 
-from estimator import model, nets  # noqa: E402  pylint: disable=wrong-import-position
-from export import signatures, verify, writer  # noqa: E402  pylint: disable=wrong-import-position
-from serving import client as client_lib, loadtest, metrics  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import model  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import nets
+from slimserve.export import signatures  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.export import verify
+from slimserve.export import writer
+from slimserve.serving.tools import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving.tools import loadtest
+from slimserve.serving.observability import metrics
 
 
 def make_export(base, size):
@@ -238,7 +243,7 @@ def request_rates(concurrency, seconds, rounds, baseline_root=None):
     waitress serving a do-nothing app with the same threads, alternating in every round.
     -> {row name: [rate per round]}, errors per row."""
     from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
-    from serving import rest  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.api import rest_api as rest  # pylint: disable=import-outside-toplevel
     base = tiny_model(os.path.join(common.WORK, "tiny_models", "tiny"))
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "tiny"
@@ -331,7 +336,7 @@ def start_server(base, batching, batch_file, logging_rate=None, model_name="resn
                 '} } } }\n' % (model_name, base, os.path.join(
                     common.work_dir("serve_logging"), "log-%g" % logging_rate), logging_rate))
         models = ["--model_config_file", config]
-    argv = ["prlimit", "--as=6000000000", sys.executable, "-m", "serving.cli.server",
+    argv = ["prlimit", "--as=6000000000", sys.executable, "-m", "slimserve.cli.server",
             "--port", str(port), "--rest_api_port", str(rest_port)] + models + [
             "--file_system_poll_wait_seconds", "0", "--monitoring_config_file",
             os.path.join(common.ROOT, "serving", "tfserving", "monitoring.config")]

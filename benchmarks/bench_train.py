@@ -26,12 +26,17 @@ import numpy as np
 
 import common  # pylint: disable=wrong-import-order
 
-from serving.cli import logs  # pylint: disable=wrong-import-order
+from slimserve.cli import logs  # pylint: disable=wrong-import-order
 
 logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 
-from estimator import dataset, inputs, model, preprocessing, run_config, schema  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import dataset  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import inputs
+from slimserve.estimator import model
+from slimserve.estimator import preprocessing
+from slimserve.estimator import run_config
+from slimserve.estimator import schema
 
 
 BARE = "bare Session, in-memory batch"

@@ -18,7 +18,7 @@ import numpy as np
 
 import common  # pylint: disable=wrong-import-order
 
-from serving.cli import logs  # pylint: disable=wrong-import-order
+from slimserve.cli import logs  # pylint: disable=wrong-import-order
 
 logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
@@ -26,16 +26,18 @@ from tensorflow_serving.apis import model_pb2  # noqa: E402  pylint: disable=wro
 from tensorflow_serving.apis import predict_pb2  # noqa: E402  pylint: disable=wrong-import-position
 
 import bench_serve  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
-from export import warmup, writer  # noqa: E402  pylint: disable=wrong-import-position
-from serving import request_log, servable  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.export import warmup  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.export import writer
+from slimserve.serving.observability import request_log  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving.core import servable
 
 _CHILD = """
 import json, sys, time
 import numpy as np
 sys.path.insert(0, %(root)r)
-from serving.cli import logs
+from slimserve.cli import logs
 logs.quiet_tensorflow()
-from serving import servable
+from slimserve.serving.core import servable
 images = [open(p, "rb").read() for p in %(images)r]
 started = time.perf_counter()
 version = servable.Servable("resnet", 1, %(path)r)

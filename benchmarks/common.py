@@ -47,7 +47,7 @@ def count_flops(config, image_size):
     before their own import of it."""
     import math  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from estimator import model  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import model  # pylint: disable=import-outside-toplevel
     graph = tf.Graph()
     with graph.as_default():
         images = tf.compat.v1.placeholder(tf.float32, [1, image_size, image_size, 3])

@@ -1,6 +1,6 @@
 """waitress serving a WSGI app that reads the body and answers a fixed JSON reply: the
 HTTP server library's own request rate, which the REST API's rate is compared with.
-Same waitress settings as serving/rest.py (threads, poll loop).
+Same waitress settings as serving/api/rest_api.py (threads, poll loop).
 
     python benchmarks/noop_wsgi.py THREADS REPLY_BYTES   (prints its port, serves until killed)
 """

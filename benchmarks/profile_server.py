@@ -18,7 +18,7 @@ import sys
 import common  # pylint: disable=wrong-import-order
 import request_rate  # pylint: disable=wrong-import-order
 
-from serving.cli import logs  # pylint: disable=wrong-import-order
+from slimserve.cli import logs  # pylint: disable=wrong-import-order
 
 logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
@@ -44,7 +44,7 @@ def digits_request(size=32):
     """(base path, serialized PredictRequest of one real photo) for resnet_v1_50 at `size`."""
     import bench_serve  # pylint: disable=import-outside-toplevel
     import make_photos  # pylint: disable=import-outside-toplevel
-    from serving import loadtest  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import loadtest  # pylint: disable=import-outside-toplevel
     photos = common.work_dir("photos")
     if not os.listdir(photos):
         make_photos.write_photos(photos, 400)
@@ -95,7 +95,7 @@ def main():
                                                                     args.concurrency))
     py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     server = subprocess.Popen(
-        ["prlimit", "--as=6000000000", sys.executable, "-m", "serving.cli.server",
+        ["prlimit", "--as=6000000000", sys.executable, "-m", "slimserve.cli.server",
          "--port", str(port), "--rest_api_port", "0", "--model_name", name,
          "--model_base_path", base] + args.server_args.split(), cwd=common.ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

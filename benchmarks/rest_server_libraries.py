@@ -29,14 +29,15 @@ def _free_port():
 
 
 def _service(model_dir):
-    from serving import models, service  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.core import manager as models  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.core import inference as service
     manager = models.ModelManager([models.ServedModel("tiny", model_dir)], warmup=False)
     manager.poll()
     return service.InferenceService(manager)
 
 
 def _serve_waitress(model_dir, port):
-    from serving import rest  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.api import rest_api as rest  # pylint: disable=import-outside-toplevel
     server = rest.RestServer(_service(model_dir), "127.0.0.1", port)
     api_app = server._server.application  # pylint: disable=protected-access
 
@@ -57,7 +58,7 @@ def _serve_aiohttp(model_dir, port):
     import asyncio  # pylint: disable=import-outside-toplevel
     import concurrent.futures  # pylint: disable=import-outside-toplevel
     from aiohttp import web  # pylint: disable=import-outside-toplevel
-    from serving import rest  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.api import rest_api as rest  # pylint: disable=import-outside-toplevel
     api = rest.RestApi(_service(model_dir))
     pool = concurrent.futures.ThreadPoolExecutor(rest.default_num_threads())
 

@@ -1,4 +1,4 @@
-"""TensorProto decoding and encoding of serving/tensors.py (bounded, typed-field aware)
+"""TensorProto decoding and encoding of serving/core/tensors.py (bounded, typed-field aware)
 against tf.make_ndarray and extend(tolist()), best of 5; and how fast a bomb is refused.
 
     python benchmarks/tensor_codec.py
@@ -11,7 +11,8 @@ import common  # noqa: F401  pylint: disable=unused-import  (puts the repository
 import tensorflow as tf  # pylint: disable=wrong-import-order
 from google.protobuf import json_format
 from tensorflow.core.framework import tensor_pb2
-from serving import tensors, errors
+from slimserve.serving.core import tensors
+from slimserve.serving.core import errors
 
 def best(f, n=5):
     t = 1e9

@@ -23,9 +23,9 @@ import collections
 import io
 import json
 
-from estimator import dataset
-from estimator import image_files
-from estimator import schema
+from slimserve.estimator import dataset
+from slimserve.estimator import image_files
+from slimserve.estimator import schema
 
 _SUMMARIES = "_shard_summaries"
 
@@ -169,7 +169,7 @@ def build_dataset(input_path, output_dir, options,
                   validation_shards=2, seed=0, jpeg_quality=95, overwrite=False,
                   max_shorter_side=0, max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES):
     """dataset.build_dataset on Beam, with these PipelineOptions (runner and its options:
-    serving/cli/beam.py makes them from the flags); returns the dataset_info dictionary."""
+    slimserve/cli/beam.py makes them from the flags); returns the dataset_info dictionary."""
     import apache_beam as beam  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     the_plan = dataset.plan(input_path, validation_fraction, validation_input, train_shards,

@@ -14,7 +14,7 @@ import os
 
 import tensorflow as tf
 
-from estimator import nets
+from slimserve.estimator import nets
 
 CORRUPT_DIR = "corrupt-checkpoints"
 

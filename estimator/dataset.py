@@ -32,8 +32,8 @@ import random
 import re
 import unicodedata
 
-from estimator import image_files
-from estimator import schema
+from slimserve.estimator import image_files
+from slimserve.estimator import schema
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
 PARTIAL_DIR = ".partial"

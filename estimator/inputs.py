@@ -11,9 +11,9 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from estimator import dataset
-from estimator import preprocessing
-from estimator import schema
+from slimserve.estimator import dataset
+from slimserve.estimator import preprocessing
+from slimserve.estimator import schema
 
 AUTOTUNE = tf.data.AUTOTUNE
 

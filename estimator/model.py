@@ -14,10 +14,10 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from estimator import compat  # noqa: F401  pylint: disable=unused-import
-from estimator import guards
-from estimator import nets
-from estimator import preprocessing
+from slimserve.estimator import compat  # noqa: F401  pylint: disable=unused-import
+from slimserve.estimator import guards
+from slimserve.estimator import nets
+from slimserve.estimator import preprocessing
 
 import tf_slim as slim  # pylint: disable=g-bad-import-order
 

@@ -8,7 +8,7 @@ import os
 
 import tensorflow as tf
 
-from estimator import compat
+from slimserve.estimator import compat
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DISTRIBUTIONS = ("auto", "none", "mirrored", "collective")

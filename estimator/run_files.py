@@ -46,6 +46,6 @@ def read(model_dir):
 def model_config(run):
     """The ModelConfig of a run read by `read` (fields this version lacks are dropped,
     e.g. image_size, which runs before the preprocessing Spec stored there)."""
-    from estimator import model  # pylint: disable=g-import-not-at-top  (heavy; export only)
+    from slimserve.estimator import model  # pylint: disable=g-import-not-at-top  (heavy; export only)
     known = {f.name for f in dataclasses.fields(model.ModelConfig)}
     return model.ModelConfig(**{k: v for k, v in run["model"].items() if k in known})

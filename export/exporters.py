@@ -13,13 +13,13 @@ import os
 
 import tensorflow as tf
 
-from estimator import model
-from estimator import preprocessing
-from export import blessing
-from export import signatures
-from export import verify as verify_lib
-from export import warmup
-from export import writer
+from slimserve.estimator import model
+from slimserve.estimator import preprocessing
+from slimserve.export import blessing
+from slimserve.export import signatures
+from slimserve.export import verify as verify_lib
+from slimserve.export import warmup
+from slimserve.export import writer
 
 EVAL_RESULT_FILE = "eval_result.json"
 

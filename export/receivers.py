@@ -14,9 +14,9 @@ import collections
 
 import tensorflow as tf
 
-from estimator import preprocessing
-from estimator import schema
-from export import signatures
+from slimserve.estimator import preprocessing
+from slimserve.estimator import schema
+from slimserve.export import signatures
 
 ServingInputs = collections.namedtuple("ServingInputs", "examples image_bytes images features")
 

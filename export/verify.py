@@ -7,9 +7,9 @@ that every warmup request runs, and, when given, that its probabilities equal
 """
 import numpy as np
 
-from export import signatures
-from serving import errors
-from serving import servable as servable_lib
+from slimserve.export import signatures
+from slimserve.serving.core import errors
+from slimserve.serving.core import servable as servable_lib
 
 
 class ExportVerificationError(RuntimeError):

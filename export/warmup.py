@@ -14,10 +14,10 @@ from tensorflow_serving.apis import classification_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
-from estimator import dataset
-from estimator import schema
-from export import signatures
-from serving import request_log
+from slimserve.estimator import dataset
+from slimserve.estimator import schema
+from slimserve.export import signatures
+from slimserve.serving.observability import request_log
 
 
 # TF Serving refuses a warmup file with more records (saved_model_warmup_util.cc).

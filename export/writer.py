@@ -13,13 +13,13 @@ import tempfile
 
 import tensorflow as tf
 
-from estimator import model
-from estimator import schema
-from export import receivers
-from export import signatures
-from export import versions
-from export import warmup
-from serving import models as serving_models
+from slimserve.estimator import model
+from slimserve.estimator import schema
+from slimserve.export import receivers
+from slimserve.export import signatures
+from slimserve.export import versions
+from slimserve.export import warmup
+from slimserve.serving.core import manager as serving_models
 
 # Version bookkeeping lives in export/versions.py (no TensorFlow import for local
 # paths); these names stay here for callers of the writer.

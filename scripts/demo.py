@@ -32,8 +32,11 @@ def python(module, *args):
 def served_predictions(export_base, data_dir, server_args):
     """Starts the embedded server in-process and sends every validation image."""
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from estimator import dataset, schema  # pylint: disable=import-outside-toplevel
-    from serving import client as client_lib, models, server  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import schema
+    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.core import manager as models
+    from slimserve.serving import server
     images, labels = dataset.read_images(data_dir, schema.VALIDATION)
     instance = server.ModelServer([models.ServedModel("resnet", export_base)], **server_args)
     instance.start()
@@ -111,7 +114,7 @@ def main(argv=None):
     parser.add_argument("--enable_batching", action="store_true",
                         help="Serve with server-side batching.")
     args = parser.parse_args(argv)
-    from serving.cli import logs  # pylint: disable=import-outside-toplevel
+    from slimserve.cli import logs  # pylint: disable=import-outside-toplevel
     logs.quiet_tensorflow()
 
     work = os.path.abspath(args.work_dir)
@@ -129,18 +132,18 @@ def main(argv=None):
                                 paths["source_images"], "--size", str(args.image_size),
                                 "--classes", args.source_classes], timings)
     stage("convert to TFRecords", python(
-        "estimator.cli.convert", "--input", paths["images"], "--output_dir", paths["data"],
+        "slimserve.cli.convert", "--input", paths["images"], "--output_dir", paths["data"],
         "--overwrite"), timings)
     stage("convert source task", python(
-        "estimator.cli.convert", "--input", paths["source_images"], "--output_dir",
+        "slimserve.cli.convert", "--input", paths["source_images"], "--output_dir",
         paths["source_data"], "--overwrite", "--noprogress"), timings)
     shutil.rmtree(paths["source_run"], ignore_errors=True)
     shutil.rmtree(paths["run"], ignore_errors=True)
     stage("source checkpoint (digits %s)" % args.source_classes, python(
-        "estimator.cli.train", "--flagfile", args.source_flags, "--data_dir", paths["source_data"],
+        "slimserve.cli.train", "--flagfile", args.source_flags, "--data_dir", paths["source_data"],
         "--model_dir", paths["source_run"]), timings)
     stage("fine-tune on all digits + export", python(
-        "estimator.cli.train", "--flagfile", args.finetune_flags, "--data_dir", paths["data"],
+        "slimserve.cli.train", "--flagfile", args.finetune_flags, "--data_dir", paths["data"],
         "--model_dir", paths["run"], "--checkpoint_path", paths["source_run"]), timings)
 
     export_base = os.path.join(paths["run"], "export", "final")
@@ -151,14 +154,14 @@ def main(argv=None):
     serve_started = time.time()
     server_args = {"port": 0, "rest_api_port": 0, "poll_seconds": 0}
     if args.enable_batching:
-        from serving import batching  # pylint: disable=import-outside-toplevel
+        from slimserve.serving.core import batching  # pylint: disable=import-outside-toplevel
         server_args["batching"] = batching.BatchingParameters()
     labels, predicted, latencies, _ = served_predictions(export_base, paths["data"],
                                                          server_args)
     timings["serve + predict validation"] = round(time.time() - serve_started, 1)
 
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from estimator import schema  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import schema  # pylint: disable=import-outside-toplevel
     names = schema.read_labels(os.path.join(paths["data"], schema.LABELS_FILE))
     confusion = np.zeros((len(names), len(names)), np.int64)
     for truth, guess in zip(labels, predicted):

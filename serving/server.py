@@ -1,6 +1,6 @@
 """Embedded TF-Serving-compatible model server: gRPC on 8500, REST on 8501.
 
-The library half of `slimserve-server` (serving/cli/server.py holds the flags):
+The library half of `slimserve-server` (slimserve/cli/server.py holds the flags):
 `ModelServer` runs in-process too (tests, the demo, benchmarks).
 """
 import logging
@@ -15,17 +15,17 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1 import health_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving import batching as batching_lib
-from serving import config_protos
-from serving import errors
-from serving import grpc_service
-from serving import metrics as metrics_lib
-from serving import models
-from serving import request_log
-from serving import rest
-from serving import service
-from serving import tensors
-from serving import tls
+from slimserve.serving.core import batching as batching_lib
+from slimserve.serving.config import messages as config_protos
+from slimserve.serving.core import errors
+from slimserve.serving.api import grpc_service
+from slimserve.serving.observability import metrics as metrics_lib
+from slimserve.serving.core import manager as models
+from slimserve.serving.observability import request_log
+from slimserve.serving.api import rest_api as rest
+from slimserve.serving.core import inference as service
+from slimserve.serving.core import tensors
+from slimserve.serving.api import tls
 
 # TF Serving lets gRPC accept messages of any size; so do we unless told otherwise.
 _MAX_MESSAGE = 2 ** 31 - 1
@@ -71,7 +71,7 @@ HEALTH_SERVICES = ("", "ModelService", "PredictionService", "tensorflow.serving.
 class ModelServer:
     """gRPC + REST front ends over one ModelManager; usable in-process (tests, demo).
 
-    Keyword options mirror tensorflow_model_server's flags (serving/cli/server.py):
+    Keyword options mirror tensorflow_model_server's flags (slimserve/cli/server.py):
     grpc_socket_path, ssl_config (an SSLConfig from tls.load_ssl_config: TLS on gRPC and
     REST), enable_grpc_healthcheck_service, method_name_check
     (--enable_signature_method_name_check), model_config_file +
@@ -157,7 +157,7 @@ class ModelServer:
 
     def _sync_request_loggers(self, configs):
         """One RequestLogger per model whose config has a logging_config (TF Serving's
-        grammar, written by serving/request_log.py); loggers of removed or changed
+        grammar, written by serving/observability/request_log.py); loggers of removed or changed
         models are closed (their files published)."""
         wanted = {c.name: c.logging_config for c in configs
                   if getattr(c, "logging_config", None) is not None}

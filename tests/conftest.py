@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from serving.cli import logs
+from slimserve.cli import logs
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli
 
 logs.quiet_tensorflow()
@@ -22,7 +22,7 @@ def digits_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory, digits_dir):
-    from estimator import dataset  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
     out = str(tmp_path_factory.mktemp("digits_tfrecords"))
     dataset.build_dataset(digits_dir, out, validation_fraction=0.2, train_shards=4,
                           validation_shards=2, seed=0, show_progress=False)
@@ -42,7 +42,7 @@ def imagenet_checkpoint(tmp_path_factory):
 def trained_run(tmp_path_factory, digits_data):
     """A short resnet_v1_50 run on digits with EMA weights and the Final/Best exporters."""
     model_dir = str(tmp_path_factory.mktemp("run"))
-    run_cli("estimator.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+    run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
             "--image_size", IMAGE_SIZE, "--max_steps", 60, "--batch_size", 32,
             "--save_checkpoints_steps", 60, "--batch_norm_decay", 0.9,
             "--optimizer", "adam", "--learning_rate", 0.001, "--opt_epsilon", 1e-8,

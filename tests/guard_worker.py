@@ -14,11 +14,11 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from estimator import inputs  # noqa: E402  pylint: disable=wrong-import-position
-from estimator import preprocessing  # noqa: E402  pylint: disable=wrong-import-position
-from estimator import schema  # noqa: E402  pylint: disable=wrong-import-position
-from export import signatures  # noqa: E402  pylint: disable=wrong-import-position
-from export import verify  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import inputs  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import preprocessing  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.estimator import schema  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.export import signatures  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.export import verify  # noqa: E402  pylint: disable=wrong-import-position
 from tests import image_bombs  # noqa: E402  pylint: disable=wrong-import-position
 
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from estimator import model
+from slimserve.estimator import model
 
 
 def make_imagenet_style_checkpoint(directory, model_name="resnet_v1_50", num_classes=1000,

@@ -11,15 +11,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator import dataset, run_config, schema
-from export import signatures
+from slimserve.estimator import dataset
+from slimserve.estimator import run_config
+from slimserve.estimator import schema
+from slimserve.export import signatures
 from tests.helpers import ROOT
 
 # XLA reads TF_XLA_FLAGS at the first session of a process, so this runs in a fresh one.
 _XLA_PROBE = """
 import dataclasses, json
 import numpy as np, tensorflow as tf
-from estimator import model, run_config
+from slimserve.estimator import model
+from slimserve.estimator import run_config
 config = model.ModelConfig(model_name="resnet_v1_50", num_classes=10,
                            optimizer="sgd", learning_rate=0.001, batch_norm_decay=0.9)
 graph = tf.Graph()

@@ -4,15 +4,15 @@ import os
 import subprocess
 import sys
 
-from serving import batching
-from serving import batching_tuner
+from slimserve.serving.core import batching
+from slimserve.serving.tools import batching_tuner
 from tests.helpers import ROOT
 
 
 def test_tuner_measures_writes_the_chosen_config_and_a_plot(export_dir, digits_dir, tmp_path):
     config, png = tmp_path / "batching.config", tmp_path / "batching.png"
     out = subprocess.run(
-        [sys.executable, "-m", "serving.cli.tune_batching", "--model_base_path",
+        [sys.executable, "-m", "slimserve.cli.tune_batching", "--model_base_path",
          os.path.dirname(export_dir), "--images", os.path.join(digits_dir, "3"),
          "--latency_budget_ms", "100000", "--concurrency", "4", "--requests", "40",
          "--max_batch_sizes", "1,8", "--batch_timeouts_micros", "5000",

@@ -12,10 +12,10 @@ from PIL import Image
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from estimator import beam_dataset
-from estimator import dataset
-from estimator import schema
-from serving.cli import beam as beam_cli
+from slimserve.estimator import beam_dataset
+from slimserve.estimator import dataset
+from slimserve.estimator import schema
+from slimserve.cli import beam as beam_cli
 from tests.helpers import run_cli
 
 
@@ -91,7 +91,7 @@ def test_beam_conversion_equals_local_converter(images_with_bad_files, tmp_path)
     local_info = dataset.build_dataset(images_with_bad_files, local, validation_fraction=FRACTION,
                                        train_shards=3, validation_shards=2, seed=SEED,
                                        max_file_bytes=MAX_FILE_BYTES, show_progress=False)
-    run_cli("estimator.cli.convert", "--input", images_with_bad_files, "--output_dir", beam,
+    run_cli("slimserve.cli.convert", "--input", images_with_bad_files, "--output_dir", beam,
             "--validation_fraction", FRACTION, "--train_shards", 3, "--validation_shards", 2,
             "--seed", SEED, "--max_file_bytes", MAX_FILE_BYTES, "--runner", "DirectRunner",
             "--beam_options", "--direct_num_workers=2 --direct_running_mode=multi_processing",
@@ -152,7 +152,7 @@ def test_unknown_runner_and_missing_beam_are_named(images_with_bad_files, tmp_pa
     (tmp_path / "nobeam" / "apache_beam").mkdir(parents=True)
     (tmp_path / "nobeam" / "apache_beam" / "__init__.py").write_text(
         "raise ImportError('hidden for this test')\n")
-    process = run_cli("estimator.cli.convert", "--input", images_with_bad_files,
+    process = run_cli("slimserve.cli.convert", "--input", images_with_bad_files,
                       "--output_dir", tmp_path / "out", "--runner", "DirectRunner",
                       check=False, env=env, timeout=120)
     assert process.returncode != 0

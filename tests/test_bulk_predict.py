@@ -12,12 +12,12 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from serving import beam_inference
-from serving import bulk_predict
-from serving import client as client_lib
-from serving import models
-from serving import server as server_lib
-from serving.cli import beam as beam_cli
+from slimserve.serving.tools import beam_inference
+from slimserve.serving.tools import bulk_predict
+from slimserve.serving.tools import client as client_lib
+from slimserve.serving.core import manager as models
+from slimserve.serving import server as server_lib
+from slimserve.cli import beam as beam_cli
 
 
 def read_rows(path):

@@ -18,9 +18,9 @@ import zlib
 
 import pytest
 
-from estimator import dataset
-from estimator import image_files
-from estimator import schema
+from slimserve.estimator import dataset
+from slimserve.estimator import image_files
+from slimserve.estimator import schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -187,7 +187,7 @@ def test_no_usable_image_at_all_fails_and_publishes_nothing(tmp_path):
 
 _BUILD_SCRIPT = textwrap.dedent("""
     import json, sys
-    from estimator import dataset
+    from slimserve.estimator import dataset
     infos = [dataset.build_dataset(source, out, 0.0, train_shards=1, num_workers=1,
                                    max_file_bytes=int(sys.argv[3]), show_progress=False)
              for source, out in (sys.argv[1].split("|"), sys.argv[2].split("|"))]

@@ -18,9 +18,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageCms
 
-from estimator import dataset
-from estimator import image_files
-from estimator import schema
+from slimserve.estimator import dataset
+from slimserve.estimator import image_files
+from slimserve.estimator import schema
 
 _RNG = np.random.RandomState(7)
 _RGB = _RNG.randint(0, 256, (23, 31, 3), np.uint8)

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from estimator import dataset
-from estimator import schema
+from slimserve.estimator import dataset
+from slimserve.estimator import schema
 
 
 def _records(data_dir, split):

@@ -22,17 +22,17 @@ COMMON = ["--image_size", IMAGE_SIZE, "--batch_size", 16, "--batch_norm_decay", 
 @pytest.mark.slow
 def test_two_replica_training_evaluates_and_exports_on_one_device(digits_data, tmp_path):
     model_dir = tmp_path / "mirrored"
-    out = run_cli("estimator.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+    out = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
                   "--cpu_replicas", 2, "--max_steps", 10, "--save_checkpoints_steps", 10,
                   "--mode", "train", *COMMON)
     assert "mirroring over ['/cpu:0', '/cpu:1']" in out.stderr
     assert tf.train.load_checkpoint(str(model_dir)).get_tensor("global_step") == 10
     # Device-agnostic checkpoint: plain single-device eval and export read it.
-    evaluated = run_cli("estimator.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+    evaluated = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
                         "--mode", "eval", *COMMON)
     assert "eval: accuracy=" in evaluated.stdout
     # 10 steps from random weights are near chance: not gated (--export_min_metric).
-    exported = run_cli("export.cli.export", "--model_dir", model_dir, "--export_base",
+    exported = run_cli("slimserve.cli.export", "--model_dir", model_dir, "--export_base",
                        tmp_path / "models", "--export_min_metric", "none")
     version_dir = exported.stdout.strip().splitlines()[-1]
     graph_def = tf.compat.v1.saved_model.loader.load(
@@ -55,7 +55,7 @@ def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data, 
     chief, worker, ps = ["127.0.0.1:%d" % p for p in _free_ports(3)]
     cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
     model_dir = tmp_path / "cluster"
-    args = [sys.executable, "-m", "estimator.cli.train", "--data_dir", digits_data,
+    args = [sys.executable, "-m", "slimserve.cli.train", "--data_dir", digits_data,
             "--model_dir", str(model_dir), "--max_steps", "12", "--save_checkpoints_steps",
             "12", "--mode", "train"] + [str(a) for a in COMMON]
     processes = {}
@@ -85,7 +85,7 @@ def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data, 
 
 
 def test_only_the_chief_writes_run_files(monkeypatch):
-    from estimator import run_config  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import run_config  # pylint: disable=import-outside-toplevel
     cases = [
         (None, True),
         ({"cluster": {"chief": ["a"], "worker": ["b"]}, "task": {"type": "chief", "index": 0}},

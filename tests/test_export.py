@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator import dataset
-from estimator import preprocessing
-from estimator import schema
-from export import signatures
-from export import verify
-from export import writer
-from serving import models
+from slimserve.estimator import dataset
+from slimserve.estimator import preprocessing
+from slimserve.estimator import schema
+from slimserve.export import signatures
+from slimserve.export import verify
+from slimserve.export import writer
+from slimserve.serving.core import manager as models
 
 CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
@@ -156,13 +156,14 @@ def test_export_cli_publishes_atomically_and_rejects_a_failed_verification(
         trained_run, tmp_path, monkeypatch):
     from tests.helpers import run_cli  # pylint: disable=import-outside-toplevel
     base = tmp_path / "models"
-    out = run_cli("export.cli.export", "--model_dir", trained_run, "--export_base", base)
+    out = run_cli("slimserve.cli.export", "--model_dir", trained_run, "--export_base", base)
     version_dir = out.stdout.strip().splitlines()[-1]
     assert os.path.dirname(version_dir) == str(base)
     assert os.listdir(base) == [os.path.basename(version_dir)]
 
     # A verification failure leaves nothing behind: no version, no temporary dir.
-    from estimator import model, run_files  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import model  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import run_files
     run = run_files.read(trained_run)
     config = model.ModelConfig(**run["model"])
     seen = []
@@ -182,6 +183,6 @@ def test_export_cli_publishes_atomically_and_rejects_a_failed_verification(
 
 def test_export_cli_names_a_missing_run(tmp_path):
     from tests.helpers import run_cli  # pylint: disable=import-outside-toplevel
-    out = run_cli("export.cli.export", "--model_dir", tmp_path, check=False)
+    out = run_cli("slimserve.cli.export", "--model_dir", tmp_path, check=False)
     assert out.returncode != 0
     assert "slimserve.json not found" in out.stderr

@@ -13,12 +13,12 @@ import time
 import pytest
 import tensorflow as tf
 
-from export import versions
+from slimserve.export import versions
 from tests import helpers
 
 _PROCESS_WRITER = r"""
 import os, sys, time
-from export import versions
+from slimserve.export import versions
 base, name, count, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 deadline = time.monotonic() + 120
 while not os.path.exists(go):  # start together: contention is the point

@@ -8,9 +8,9 @@ import time
 import pytest
 import tensorflow as tf
 
-from estimator import schema
-from serving import errors
-from serving import models
+from slimserve.estimator import schema
+from slimserve.serving.core import errors
+from slimserve.serving.core import manager as models
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli, wait_until
 
 
@@ -37,7 +37,7 @@ def test_killed_training_resumes_without_rewarming_and_exports(digits_data,
                                                               imagenet_checkpoint, tmp_path):
     pretrained = imagenet_checkpoint
     model_dir = tmp_path / "run"
-    command = ["estimator.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+    command = ["slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
                "--checkpoint_path", pretrained, "--checkpoint_exclude_scopes",
                "resnet_v1_50/logits", "--image_size", IMAGE_SIZE, "--batch_size", 16,
                "--max_steps", 40, "--save_checkpoints_steps", 5, "--eval_throttle_secs", 600,
@@ -93,7 +93,7 @@ def test_killed_conversion_never_leaves_a_finished_looking_shard(tmp_path):
     images = tmp_path / "images"
     make_digits.write_digits(str(images), size=160, png_every=1)  # PNGs: slow to convert
     out = tmp_path / "out"
-    command = ["estimator.cli.convert", "--input", images, "--output_dir", out, "--train_shards",
+    command = ["slimserve.cli.convert", "--input", images, "--output_dir", out, "--train_shards",
                4, "--validation_shards", 2, "--noprogress", "--num_workers", 1]
 
     def writing():
@@ -121,14 +121,14 @@ def test_killed_export_is_never_loaded_by_a_polling_server(trained_run, tmp_path
         def temp_dir_exists():
             return any(n.startswith(".tmp-") for n in os.listdir(base))
 
-        assert _kill_when(["export.cli.export", "--model_dir", trained_run, "--export_base", base],
+        assert _kill_when(["slimserve.cli.export", "--model_dir", trained_run, "--export_base", base],
                           temp_dir_exists), "export finished before it could be killed"
         manager.poll()  # a scan after the kill, not a sleep: it must find nothing to load
         assert [n for n in os.listdir(base) if n.isdigit()] == []
         assert manager.available_versions("resnet") == []
         with pytest.raises(errors.ServingError):
             manager.status("resnet")
-        out = run_cli("export.cli.export", "--model_dir", trained_run, "--export_base", base)
+        out = run_cli("slimserve.cli.export", "--model_dir", trained_run, "--export_base", base)
         assert "removed" in out.stdout and ".tmp-" in out.stdout  # the stale dir is cleaned
         version = int(os.path.basename(out.stdout.strip().splitlines()[-1]))
         wait_until(lambda: manager.available_versions("resnet") == [version], timeout=60,

@@ -19,8 +19,8 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.apis import regression_pb2
 
-from serving import models
-from serving import server as server_lib
+from slimserve.serving.core import manager as models
+from slimserve.serving import server as server_lib
 from tests import tiny_models
 from tests.helpers import wait_until
 

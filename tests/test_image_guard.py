@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from estimator import nets
-from estimator import preprocessing
-from export import receivers
+from slimserve.estimator import nets
+from slimserve.estimator import preprocessing
+from slimserve.export import receivers
 from tests import image_bombs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

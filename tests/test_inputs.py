@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator import dataset
-from estimator import inputs
-from estimator import preprocessing
-from estimator import schema
+from slimserve.estimator import dataset
+from slimserve.estimator import inputs
+from slimserve.estimator import preprocessing
+from slimserve.estimator import schema
 
 
 def _config(style=preprocessing.VGG, **overrides):

@@ -74,8 +74,8 @@ def command_flags():
     processes = {module: subprocess.Popen([sys.executable, "-c", code % module], cwd=ROOT,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)
-                 for module in modules if module.startswith(("estimator.cli.train",
-                                                             "serving.cli.server"))}
+                 for module in modules if module.startswith(("slimserve.cli.train",
+                                                             "slimserve.cli.server"))}
     found = {}
     for module, process in processes.items():
         out, err = process.communicate(timeout=300)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator import inputs
-from estimator import model
-from estimator import preprocessing
+from slimserve.estimator import inputs
+from slimserve.estimator import model
+from slimserve.estimator import preprocessing
 from tests import slim_checkpoints
 
 HEAD = "resnet_v1_50/logits"

@@ -13,11 +13,11 @@ import grpc
 import numpy as np
 import pytest
 
-from serving import client as client_lib
-from serving import errors
-from serving import metrics as metrics_lib
-from serving import models
-from serving import server as server_lib
+from slimserve.serving.tools import client as client_lib
+from slimserve.serving.core import errors
+from slimserve.serving.observability import metrics as metrics_lib
+from slimserve.serving.core import manager as models
+from slimserve.serving import server as server_lib
 from tests import tiny_models
 
 NEVER_MICROS = 3600 * 1000 * 1000  # a retry interval no test outlives

@@ -14,15 +14,15 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import logging_config_pb2
 
-from estimator import dataset
-from export import warmup
-from serving import batching
-from serving import client as client_lib
-from serving import compare
-from serving import models
-from serving import request_log
-from serving import server as server_lib
-from serving import servable as servable_lib
+from slimserve.estimator import dataset
+from slimserve.export import warmup
+from slimserve.serving.core import batching
+from slimserve.serving.tools import client as client_lib
+from slimserve.serving.tools import compare
+from slimserve.serving.core import manager as models
+from slimserve.serving.observability import request_log
+from slimserve.serving import server as server_lib
+from slimserve.serving.core import servable as servable_lib
 from tests import tiny_models
 from tests.helpers import run_cli
 
@@ -74,7 +74,7 @@ def test_logged_traffic_of_both_apis_builds_the_next_versions_warmup(
     assert all(log.predict_log.response.outputs["probabilities"].float_val for log in logs)
 
     # The next version's warmup comes from that traffic: one request per input shape.
-    out = run_cli("export.cli.export", "--model_dir", trained_run, "--export_base", base,
+    out = run_cli("slimserve.cli.export", "--model_dir", trained_run, "--export_base", base,
                   "--warmup_from", prefix + "*")
     new_version = out.stdout.strip().splitlines()[-1]
     assert os.path.basename(new_version) != "1"

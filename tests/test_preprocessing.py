@@ -2,8 +2,8 @@
 import numpy as np
 import tensorflow as tf
 
-from estimator import nets
-from estimator import preprocessing
+from slimserve.estimator import nets
+from slimserve.estimator import preprocessing
 from tests import image_bombs
 
 

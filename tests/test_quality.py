@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator import dataset
+from slimserve.estimator import dataset
 from tests.helpers import ROOT, run_cli
 
 FLAGS = os.path.join(ROOT, "configs")
@@ -39,13 +39,13 @@ def test_finetuning_beats_scratch_and_reaches_high_accuracy(digits_dir, digits_d
     dataset.build_dataset(str(source_images), source_data, 0.2, train_shards=4,
                           validation_shards=1, show_progress=False)
     source = tmp_path / "source"
-    run_cli("estimator.cli.train", "--flagfile", os.path.join(FLAGS, "digits_source.flags"),
+    run_cli("slimserve.cli.train", "--flagfile", os.path.join(FLAGS, "digits_source.flags"),
             "--data_dir", source_data, "--model_dir", source)
     finetune = tmp_path / "finetune"
-    run_cli("estimator.cli.train", "--flagfile", os.path.join(FLAGS, "digits_finetune.flags"),
+    run_cli("slimserve.cli.train", "--flagfile", os.path.join(FLAGS, "digits_finetune.flags"),
             "--data_dir", digits_data, "--model_dir", finetune, "--checkpoint_path", source)
     scratch = tmp_path / "scratch"
-    run_cli("estimator.cli.train", "--flagfile", os.path.join(FLAGS, "digits_finetune.flags"),
+    run_cli("slimserve.cli.train", "--flagfile", os.path.join(FLAGS, "digits_finetune.flags"),
             "--data_dir", digits_data, "--model_dir", scratch, "--freeze_scopes=",
             "--checkpoint_exclude_scopes=", "--noexport")
 

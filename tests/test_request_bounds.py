@@ -26,10 +26,10 @@ from tensorflow_serving.apis import model_service_pb2_grpc
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from serving import errors
-from serving import models
-from serving import server as server_lib
-from serving import tensors
+from slimserve.serving.core import errors
+from slimserve.serving.core import manager as models
+from slimserve.serving import server as server_lib
+from slimserve.serving.core import tensors
 from tests import helpers
 from tests import tiny_models
 
@@ -353,7 +353,7 @@ def _bombs_and_valid(count):
 
 def test_memory_stays_flat_under_200_hostile_requests(tiny_base, tmp_path):
     cap = 3 * 1024 ** 3  # a regression is killed here instead of taking the machine down
-    command = ["prlimit", "--as=%d" % cap, sys.executable, "-m", "serving.cli.server",
+    command = ["prlimit", "--as=%d" % cap, sys.executable, "-m", "slimserve.cli.server",
                "--model_name=tiny", "--model_base_path=%s" % tiny_base, "--port=0",
                "--rest_api_port=0", "--file_system_poll_wait_seconds=0"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

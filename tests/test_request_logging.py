@@ -12,10 +12,10 @@ from tensorflow_serving.apis import classification_pb2
 from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import predict_pb2
 
-from export import warmup
-from serving import compare
-from serving import models
-from serving import request_log
+from slimserve.export import warmup
+from slimserve.serving.tools import compare
+from slimserve.serving.core import manager as models
+from slimserve.serving.observability import request_log
 from tests import tiny_models
 from tests.helpers import ROOT
 
@@ -162,7 +162,7 @@ def test_compare_reports_agreement_flips_and_refuses_by_exit_code(tmp_path):
     assert sum(f["count"] for f in different["flips"]) == expected_flips
     assert different["latency_ms_baseline"]["p50"] > 0
 
-    command = [sys.executable, "-m", "serving.cli.compare", "--logs", prefix + "*",
+    command = [sys.executable, "-m", "slimserve.cli.compare", "--logs", prefix + "*",
                "--baseline", os.path.join(base, "1"), "--candidate", base,
                "--min_agreement", "0.99", "--noprogress", "--json_output",
                str(tmp_path / "report.json")]

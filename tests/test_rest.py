@@ -18,9 +18,9 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from serving import batching
-from serving import models
-from serving import server as server_lib
+from slimserve.serving.core import batching
+from slimserve.serving.core import manager as models
+from slimserve.serving import server as server_lib
 from tests import tiny_models
 
 CONNECTION_LIMIT = 8
@@ -371,7 +371,7 @@ def test_sigterm_answers_rest_and_grpc_requests_in_flight(tmp_path, export_dir, 
                       "num_batch_threads { value: 1 }\n")
     port, rest_port = _free_port(), _free_port()
     process = subprocess.Popen(
-        ["prlimit", "--as=6000000000", sys.executable, "-m", "serving.cli.server",
+        ["prlimit", "--as=6000000000", sys.executable, "-m", "slimserve.cli.server",
          "--port", str(port), "--rest_api_port", str(rest_port), "--model_name", "resnet",
          "--model_base_path", str(base), "--enable_batching",
          "--batching_parameters_file", str(params), "--file_system_poll_wait_seconds", "0"],

@@ -4,8 +4,8 @@ import grpc
 import numpy as np
 import pytest
 
-from serving import errors
-from serving import servable as servable_lib
+from slimserve.serving.core import errors
+from slimserve.serving.core import servable as servable_lib
 from tests import tiny_models
 
 ROWS = np.array([[1.0, 2.0], [3.0, -4.0]], np.float32)

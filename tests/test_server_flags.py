@@ -17,8 +17,8 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.apis import regression_pb2
 
-from serving import batching
-from serving import server as server_lib
+from slimserve.serving.core import batching
+from slimserve.serving import server as server_lib
 from tests import tiny_models
 from tests.helpers import ROOT
 
@@ -53,7 +53,7 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
     port, rest_port = _free_port(), _free_port()
     socket_path = str(tmp_path / "grpc.sock")
     command = [
-        "prlimit", "--as=6000000000", sys.executable, "-m", "serving.cli.server",
+        "prlimit", "--as=6000000000", sys.executable, "-m", "slimserve.cli.server",
         "--port=%d" % port, "--rest_api_port=%d" % rest_port,
         "--model_config_file=%s" % config, "--model_config_file_poll_wait_seconds=60",
         "--file_system_poll_wait_seconds=1", "--enable_batching=true",
@@ -116,7 +116,7 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
 
 
 def test_version_flag_prints_and_exits():
-    out = subprocess.run([sys.executable, "-m", "serving.cli.server", "--version"],
+    out = subprocess.run([sys.executable, "-m", "slimserve.cli.server", "--version"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "TensorFlow ModelServer 2.15.1" in out.stdout

@@ -19,14 +19,14 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from estimator import dataset
-from export import signatures
-from export import verify
-from serving import batching
-from serving import client as client_lib
-from serving import metrics
-from serving import models
-from serving import server as server_lib
+from slimserve.estimator import dataset
+from slimserve.export import signatures
+from slimserve.export import verify
+from slimserve.serving.core import batching
+from slimserve.serving.tools import client as client_lib
+from slimserve.serving.observability import metrics
+from slimserve.serving.core import manager as models
+from slimserve.serving import server as server_lib
 from tests.helpers import wait_until
 
 
@@ -317,7 +317,7 @@ model_config_list {
 """ % base_path)
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.cli.server", "--port", str(port), "--rest_api_port", "0",
+        [sys.executable, "-m", "slimserve.cli.server", "--port", str(port), "--rest_api_port", "0",
          "--model_config_file", str(config), "--file_system_poll_wait_seconds", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -337,7 +337,7 @@ model_config_list {
 
 
 def test_server_cli_names_a_bad_flag_combination():
-    out = subprocess.run([sys.executable, "-m", "serving.cli.server", "--model_base_path", "/x",
+    out = subprocess.run([sys.executable, "-m", "slimserve.cli.server", "--model_base_path", "/x",
                           "--model_config_file", "/y"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode != 0
@@ -373,19 +373,19 @@ def test_client_and_loadtest_clis(server, digits_dir):
     target = "127.0.0.1:%d" % server.port
     files = sorted(os.path.join(digits_dir, "7", n) for n in os.listdir(
         os.path.join(digits_dir, "7")))[:3]
-    out = subprocess.run([sys.executable, "-m", "serving.cli.client", "predict", "--server", target,
+    out = subprocess.run([sys.executable, "-m", "slimserve.cli.client", "predict", "--server", target,
                           "--json", "--top_k", "2"] + files, capture_output=True, text=True,
                          timeout=120, check=True)
     rows = json.loads(out.stdout)
     assert [r["file"] for r in rows] == files and all(len(r["top_k"]) == 2 for r in rows)
-    status = subprocess.run([sys.executable, "-m", "serving.cli.client", "status", "--server",
+    status = subprocess.run([sys.executable, "-m", "slimserve.cli.client", "status", "--server",
                              target], capture_output=True, text=True, timeout=120, check=True)
     assert "AVAILABLE" in status.stdout
-    missing = subprocess.run([sys.executable, "-m", "serving.cli.client", "status", "--server",
+    missing = subprocess.run([sys.executable, "-m", "slimserve.cli.client", "status", "--server",
                               target, "--model_name", "nope"], capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr
-    load = subprocess.run([sys.executable, "-m", "serving.cli.loadtest", "--server", target,
+    load = subprocess.run([sys.executable, "-m", "slimserve.cli.loadtest", "--server", target,
                            "--images", os.path.join(digits_dir, "7"), "--concurrency", "1,4",
                            "--requests", "20", "--json"], capture_output=True, text=True,
                           timeout=300, check=True)

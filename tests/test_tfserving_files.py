@@ -3,9 +3,9 @@ script refuses a path that holds no version."""
 import os
 import subprocess
 
-from serving import batching
-from serving import models
-from serving import server
+from slimserve.serving.core import batching
+from slimserve.serving.core import manager as models
+from slimserve.serving import server
 from tests.helpers import ROOT
 
 CONFIG = os.path.join(ROOT, "serving", "tfserving")

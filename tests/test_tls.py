@@ -19,9 +19,9 @@ from cryptography.x509.oid import NameOID
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from serving import models
-from serving import server as server_lib
-from serving import tls
+from slimserve.serving.core import manager as models
+from slimserve.serving import server as server_lib
+from slimserve.serving.api import tls
 from tests import tiny_models
 
 

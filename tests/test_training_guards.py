@@ -15,11 +15,11 @@ import sys
 import pytest
 import tensorflow as tf
 
-from estimator import checkpoints
-from estimator import guards
-from estimator import model
-from estimator import nets
-from estimator import run_lock
+from slimserve.estimator import checkpoints
+from slimserve.estimator import guards
+from slimserve.estimator import model
+from slimserve.estimator import nets
+from slimserve.estimator import run_lock
 from tests import slim_checkpoints
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli
 
@@ -40,8 +40,8 @@ def diverged_run(digits_data, tmp_path_factory):
     """One model_dir: a guarded run that stops, then the same run forced on to step 10."""
     model_dir = str(tmp_path_factory.mktemp("diverged"))
     args = ["--data_dir", digits_data, "--model_dir", model_dir] + TINY + DIVERGING
-    stopped = run_cli("estimator.cli.train", *args, "--max_steps", 10, check=False)
-    forced = run_cli("estimator.cli.train", *args, *UNGUARDED, "--max_steps", 10, check=False)
+    stopped = run_cli("slimserve.cli.train", *args, "--max_steps", 10, check=False)
+    forced = run_cli("slimserve.cli.train", *args, *UNGUARDED, "--max_steps", 10, check=False)
     return model_dir, stopped, forced
 
 
@@ -64,7 +64,7 @@ def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(di
         assert re.search(refused, forced.stderr), forced.stderr[-3000:]
         folder = os.path.join(model_dir, "export", name)
         assert not os.path.exists(folder) or not os.listdir(folder)
-    manual = run_cli("export.cli.export", "--model_dir", model_dir, check=False)
+    manual = run_cli("slimserve.cli.export", "--model_dir", model_dir, check=False)
     assert manual.returncode != 0
     assert "slimserve-export: export refused: eval mean_per_class_accuracy" in manual.stderr
     assert not os.path.exists(os.path.join(model_dir, "export", "manual"))
@@ -94,7 +94,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_newest_intact_one(
     data = newest + ".data-00000-of-00001"
     with open(data, "rb") as handle:
         _replace(data, handle.read()[: os.path.getsize(data) // 2])
-    resumed = run_cli("estimator.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+    resumed = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
                       *TINY, *DIVERGING, *UNGUARDED, "--mode", "train", "--max_steps", 2)
     assert "checkpoint %s is unreadable" % newest in resumed.stderr
     assert "resuming from %s, the newest intact checkpoint" % os.path.join(
@@ -115,7 +115,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_newest_intact_one(
 def test_resuming_a_five_class_checkpoint_on_ten_classes_names_the_head(digits_data, tmp_path):
     model_dir = tmp_path / "five"
     checkpoint = slim_checkpoints.make_imagenet_style_checkpoint(str(model_dir), num_classes=5)
-    out = run_cli("estimator.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+    out = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
                   *TINY, "--max_steps", 1, check=False)
     assert out.returncode != 0
     assert ("slimserve-train: %s has a 5-class head (resnet_v1_50/logits/weights is "
@@ -127,7 +127,7 @@ def test_resuming_a_five_class_checkpoint_on_ten_classes_names_the_head(digits_d
 def test_second_trainer_on_a_model_dir_is_refused_naming_the_holder(digits_data, tmp_path):
     model_dir = tmp_path / "locked"
     with run_lock.RunLock(str(model_dir)):  # this test process is the running trainer
-        out = run_cli("estimator.cli.train", "--data_dir", digits_data, "--model_dir",
+        out = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
                       model_dir, *TINY, "--max_steps", 1, check=False)
     assert out.returncode != 0
     assert "is held by another trainer, pid %d on host %s since " % (
@@ -165,7 +165,7 @@ def test_stale_lock_is_taken_over_and_another_hosts_lock_needs_force(tmp_path, c
 _PARSE = """
 import sys
 from absl import flags
-import estimator.cli.train  # noqa: F401  defines the flags
+import slimserve.cli.train  # noqa: F401  defines the flags
 for case in sys.argv[1:]:
     flags.FLAGS.unparse_flags()
     try:

@@ -1,0 +1,217 @@
+"""gRPC PredictionService (Predict, Classify, Regress, MultiInference, GetModelMetadata)
+and ModelService (GetModelStatus, HandleReloadConfigRequest) with TF Serving's
+request/response protos and status codes."""
+import grpc
+from tensorflow_serving.apis import classification_pb2
+from tensorflow_serving.apis import get_model_metadata_pb2
+from tensorflow_serving.apis import get_model_status_pb2
+from tensorflow_serving.apis import inference_pb2
+from tensorflow_serving.apis import model_management_pb2
+from tensorflow_serving.apis import model_service_pb2_grpc
+from tensorflow_serving.apis import predict_pb2
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+from tensorflow_serving.apis import regression_pb2
+
+from slimserve.serving.core import errors
+from slimserve.serving.api import protos
+from slimserve.serving.core import inference as service_lib
+from slimserve.serving.core import tensors
+
+_STATES = {"LOADING": get_model_status_pb2.ModelVersionStatus.LOADING,
+           "AVAILABLE": get_model_status_pb2.ModelVersionStatus.AVAILABLE,
+           "UNLOADING": get_model_status_pb2.ModelVersionStatus.UNLOADING,
+           "END": get_model_status_pb2.ModelVersionStatus.END}
+
+
+def model_spec_args(spec):
+    """ModelSpec -> (name, version or None, label or None)."""
+    which = spec.WhichOneof("version_choice")
+    version = spec.version.value if which == "version" else None
+    label = spec.version_label if which == "version_label" else None
+    return spec.name, version, label
+
+
+def _abort(context, error):
+    context.abort(error.code, error.message)
+
+
+def serialized_examples(input_proto):
+    """tensorflow.serving.Input -> [serialized tf.Example] (context merged in, as util.cc)."""
+    kind = input_proto.WhichOneof("kind")
+    if kind == "example_list":
+        return [e.SerializeToString() for e in input_proto.example_list.examples]
+    if kind == "example_list_with_context":
+        context = input_proto.example_list_with_context.context
+        out = []
+        for example in input_proto.example_list_with_context.examples:
+            merged = type(example)()
+            merged.CopyFrom(context)
+            merged.MergeFrom(example)
+            out.append(merged.SerializeToString())
+        return out
+    return []
+
+
+class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, service):
+        self._service = service
+
+    def _log(self, name, api, request, response, model_spec):
+        """Request logging (the model's logging_config), after the answer is built."""
+        self._service.log_request(name, api, lambda: (request, response, model_spec))
+
+    def Predict(self, request, context):  # noqa: N802  (gRPC method name)
+        name, version, label = model_spec_args(request.model_spec)
+        try:
+            with self._service.observe(name, "predict") as call:
+                # request-bounds: each TensorProto is checked against the signature and
+                # its own payload before any array is allocated.
+                service = self._service
+                version, sig_name, outputs = service.predict(
+                    name, version, label, request.model_spec.signature_name,
+                    lambda signature_inputs: tensors.decode_inputs(
+                        request.inputs, signature_inputs, service.max_request_elements,
+                        service.max_broadcast_elements),
+                    list(request.output_filter))
+                call.version, call.signature = version, sig_name
+        except errors.ServingError as error:
+            return _abort(context, error)
+        response = predict_pb2.PredictResponse()
+        protos.fill_spec(response.model_spec, name, version, sig_name)
+        for key, value in outputs.items():
+            tensors.fill_proto(response.outputs[key], value)
+        self._log(name, "predict", request, response, response.model_spec)
+        return response
+
+    def Classify(self, request, context):  # noqa: N802
+        name, version, label = model_spec_args(request.model_spec)
+        try:
+            with self._service.observe(name, "classify") as call:
+                version, sig_name, classes, scores = self._service.classify(
+                    name, version, label, request.model_spec.signature_name,
+                    serialized_examples(request.input))
+                call.version, call.signature = version, sig_name
+        except errors.ServingError as error:
+            return _abort(context, error)
+        response = classification_pb2.ClassificationResponse()
+        protos.fill_spec(response.model_spec, name, version, sig_name)
+        protos.fill_classifications(response.result, classes, scores)
+        self._log(name, "classify", request, response, response.model_spec)
+        return response
+
+    def Regress(self, request, context):  # noqa: N802
+        name, version, label = model_spec_args(request.model_spec)
+        try:
+            with self._service.observe(name, "regress") as call:
+                version, sig_name, outputs = self._service.regress(
+                    name, version, label, request.model_spec.signature_name,
+                    serialized_examples(request.input))
+                call.version, call.signature = version, sig_name
+        except errors.ServingError as error:
+            return _abort(context, error)
+        response = regression_pb2.RegressionResponse()
+        protos.fill_spec(response.model_spec, name, version, sig_name)
+        for value in outputs:
+            response.result.regressions.add().value = float(value)
+        self._log(name, "regress", request, response, response.model_spec)
+        return response
+
+    def MultiInference(self, request, context):  # noqa: N802
+        first = request.tasks[0].model_spec if request.tasks else None
+        name, version, label = model_spec_args(first) if first else ("", None, None)
+        try:
+            with self._service.observe(name, "multi_inference") as call:
+                tasks = [(t.model_spec.name, t.model_spec.signature_name, t.method_name)
+                         for t in request.tasks]
+                name, version, results = self._service.multi_inference(
+                    tasks, serialized_examples(request.input), version, label)
+                call.version = version
+        except errors.ServingError as error:
+            return _abort(context, error)
+        response = inference_pb2.MultiInferenceResponse()
+        for method, sig_name, result in results:
+            entry = response.results.add()
+            protos.fill_spec(entry.model_spec, name, version, sig_name)
+            if method == service_lib.CLASSIFY_METHOD:
+                protos.fill_classifications(entry.classification_result, *result)
+            else:
+                for value in result:
+                    entry.regression_result.regressions.add().value = float(value)
+        if response.results:
+            self._log(name, "multi_inference", request, response,
+                      response.results[0].model_spec)
+        return response
+
+    def GetModelMetadata(self, request, context):  # noqa: N802
+        name, version, label = model_spec_args(request.model_spec)
+        try:
+            with self._service.observe(name, "metadata"):
+                fields = list(request.metadata_field)
+                if not fields:
+                    raise errors.invalid("GetModelMetadataRequest must specify at least one "
+                                         "metadata_field")
+                unsupported = [f for f in fields if f != "signature_def"]
+                if unsupported:
+                    raise errors.invalid("Metadata field %s is not supported", unsupported[0])
+                version, signature_defs = self._service.metadata(name, version, label)
+        except errors.ServingError as error:
+            return _abort(context, error)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        protos.fill_spec(response.model_spec, name, version)
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        for key, value in signature_defs.items():
+            signature_map.signature_def[key].CopyFrom(value)
+        response.metadata["signature_def"].Pack(signature_map)
+        return response
+
+
+class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
+    """reload_config(ModelServerConfig proto) replaces the served models (loading new
+    ones before unloading old ones); None answers UNIMPLEMENTED."""
+
+    def __init__(self, service, reload_config=None):
+        self._service = service
+        self._reload_config = reload_config
+
+    def GetModelStatus(self, request, context):  # noqa: N802
+        if not request.HasField("model_spec"):
+            return _abort(context, errors.invalid("Missing ModelSpec"))
+        name, version, _ = model_spec_args(request.model_spec)  # a label lists all versions
+        try:
+            statuses = self._service.status(name, version)
+        except errors.ServingError as error:
+            return _abort(context, error)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for number, state, message in statuses:
+            entry = response.model_version_status.add()
+            entry.version = number
+            entry.state = _STATES[state]
+            if message:
+                entry.status.error_code = 2  # UNKNOWN
+                entry.status.error_message = message
+        return response
+
+    def HandleReloadConfigRequest(self, request, context):  # noqa: N802
+        response = model_management_pb2.ReloadConfigResponse()
+        try:
+            if self._reload_config is None:
+                raise errors.ServingError(grpc.StatusCode.UNIMPLEMENTED,
+                                          "this server does not take ReloadConfigRequest")
+            if request.config.WhichOneof("config") != "model_config_list":
+                raise errors.invalid("ServerModelConfig type not supported by "
+                                     "HandleReloadConfigRequest. Only ModelConfigList is "
+                                     "currently supported")
+            self._reload_config(request.config)
+        except errors.ServingError as error:
+            response.status.error_code = error.code.value[0]
+            response.status.error_message = error.message
+            context.set_code(error.code)
+            context.set_details(error.message)
+        return response
+
+
+def add_to_server(server, service, reload_config=None):
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        PredictionServicer(service), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+        ModelServicer(service, reload_config), server)

@@ -1,0 +1,360 @@
+"""What Predict, Classify, Regress, MultiInference, GetModelMetadata and GetModelStatus do,
+independent of transport: gRPC (grpc_service.py) and REST (rest.py) both call these.
+
+Status codes and messages follow TF Serving 2.15.1 (servables/tensorflow/predict_util.cc,
+classifier.cc, regressor.cc, multi_inference.cc, model_servers/server_core.cc), so a client
+that branches on them behaves the same against either server.
+"""
+import contextlib
+import logging
+import time
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from slimserve.serving.core import errors
+from slimserve.serving.observability import request_window
+from slimserve.serving.core import tensors
+
+DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+PREDICT_METHOD = tf.saved_model.PREDICT_METHOD_NAME
+CLASSIFY_METHOD = tf.saved_model.CLASSIFY_METHOD_NAME
+REGRESS_METHOD = tf.saved_model.REGRESS_METHOD_NAME
+INPUTS, CLASSES, SCORES, OUTPUTS = "inputs", "classes", "scores", "outputs"
+
+
+def _error(code, message, *args):
+    return errors.ServingError(code, message % args if args else message)
+
+
+def _describe(signature_name, sig):
+    """A one-line stand-in for the SignatureDef DebugString TF Serving prints."""
+    return "%s (method %s, inputs {%s}, outputs {%s})" % (
+        signature_name, sig.method_name or "''", ",".join(sorted(sig.inputs)),
+        ",".join(sorted(sig.outputs)))
+
+
+def check_classification_signature(signature_name, sig, method_name_check):
+    """-> output keys to fetch; raises as classifier.cc's PreProcessClassification."""
+    if method_name_check and sig.method_name != CLASSIFY_METHOD:
+        raise errors.invalid("Expected classification signature method_name to be %s. Was: %s",
+                             CLASSIFY_METHOD, sig.method_name)
+    if len(sig.inputs) != 1:
+        raise errors.invalid("Expected one input Tensor.")
+    if len(sig.outputs) not in (1, 2):
+        raise errors.invalid("Expected one or two output Tensors, found %d", len(sig.outputs))
+    if INPUTS not in sig.inputs:
+        raise errors.invalid("No classification inputs found in SignatureDef: %s",
+                             _describe(signature_name, sig))
+    keys = [k for k in (CLASSES, SCORES) if k in sig.outputs]
+    if not keys:
+        raise errors.invalid("Expected classification signature outputs to contain at least "
+                             "one of \"classes\" or \"scores\". Signature was: %s",
+                             _describe(signature_name, sig))
+    return keys
+
+
+def check_regression_signature(signature_name, sig, method_name_check):
+    """-> output keys to fetch; raises as regressor.cc's PreProcessRegression."""
+    if method_name_check and sig.method_name != REGRESS_METHOD:
+        raise errors.invalid("Expected regression signature method_name to be %s. Was: %s",
+                             REGRESS_METHOD, sig.method_name)
+    if len(sig.inputs) != 1:
+        raise errors.invalid("Expected one input Tensor.")
+    if len(sig.outputs) != 1:
+        raise errors.invalid("Expected one output Tensor.")
+    if INPUTS not in sig.inputs:
+        raise errors.invalid("No regression inputs found in SignatureDef: %s",
+                             _describe(signature_name, sig))
+    if OUTPUTS not in sig.outputs:
+        raise errors.invalid("No regression outputs found in SignatureDef: %s",
+                             _describe(signature_name, sig))
+    return [OUTPUTS]
+
+
+def classification_result(rows, classes, scores):
+    """Validates classify outputs as PostProcessClassificationResult does."""
+    for name, array, kind in ((CLASSES, classes, "DT_STRING"), (SCORES, scores, "DT_FLOAT")):
+        if array is None:
+            continue
+        if array.ndim != 2:
+            raise errors.invalid("Expected Tensor shape: [batch_size num_classes] but got %s",
+                                 list(array.shape))
+        is_string = array.dtype == object or array.dtype.kind in ("S", "O")
+        if (kind == "DT_STRING") != is_string or (kind == "DT_FLOAT"
+                                                 and array.dtype != np.float32):
+            raise errors.invalid("Expected %s Tensor of %s. Got: %s", name, kind,
+                                 tf.as_dtype(array.dtype).name if not is_string else "DT_STRING")
+        if array.shape[0] != rows:
+            raise errors.invalid("Expected %s output batch size of %d. Got: %d", name, rows,
+                                 array.shape[0])
+    if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
+        raise errors.invalid("Tensors class and score should match in dim_size(1). Got %d vs. %d",
+                             classes.shape[1], scores.shape[1])
+    return classes, scores
+
+
+def regression_result(rows, outputs):
+    """Validates a regress output as PostProcessRegressionResult does; -> float32 [B]."""
+    if not (outputs.ndim == 1 or (outputs.ndim == 2 and outputs.shape[1] == 1)):
+        raise errors.invalid("Expected output Tensor shape to be either [batch_size] or "
+                             "[batch_size, 1] but got %s", list(outputs.shape))
+    if outputs.shape[0] != rows:
+        raise errors.invalid("Input batch size did not match output batch size: %d vs. %d",
+                             rows, outputs.shape[0])
+    if outputs.dtype != np.float32:
+        raise errors.invalid("Expected output Tensor of DT_FLOAT.  Got: %s",
+                             tf.as_dtype(outputs.dtype).name
+                             if outputs.dtype != object else "string")
+    return outputs.reshape([rows])
+
+
+class _Call:
+    """What `observe` learns about one request while it runs."""
+    __slots__ = ("version", "signature")
+
+    def __init__(self):
+        self.version = None
+        self.signature = ""
+
+
+class InferenceService:
+    """method_name_check: --enable_signature_method_name_check (TF Serving's default: off,
+    so any signature shaped like a classify / regress one serves Classify / Regress)."""
+
+    def __init__(self, manager, batcher=None, metrics=None,
+                 max_request_elements=tensors.DEFAULT_MAX_REQUEST_ELEMENTS,
+                 max_broadcast_elements=tensors.DEFAULT_MAX_BROADCAST_ELEMENTS,
+                 method_name_check=False):
+        self.manager = manager
+        self.batcher = batcher
+        self.metrics = metrics
+        # Per-request element limits (serving/core/tensors.py says why).
+        self.max_request_elements = max_request_elements
+        self.max_broadcast_elements = max_broadcast_elements
+        self.method_name_check = method_name_check
+        self.window = request_window.RequestWindow()  # the last minute, for the status page
+        self.request_loggers = {}  # model name -> request_log.RequestLogger
+
+    @contextlib.contextmanager
+    def _servable(self, name, version, label):
+        if not name:
+            raise errors.invalid("ModelSpec has no name specified.")
+        servable = self.manager.acquire(name, version, label)
+        try:
+            yield servable
+        finally:
+            servable.release()
+
+    @contextlib.contextmanager
+    def observe(self, model, api, entrypoint="GRPC"):
+        """Counts and times a request under its final status. Yields a record whose
+        `version` and `signature` the caller fills once it knows them (per-version and
+        per-signature metrics, the status page)."""
+        call = _Call()
+        started = time.monotonic()
+        status = "OK"
+        try:
+            yield call
+        except errors.ServingError as error:
+            status = error.code.name
+            raise
+        except Exception:
+            status = "INTERNAL"
+            raise
+        finally:
+            seconds = time.monotonic() - started
+            if self.metrics:
+                self.metrics.observe(model or "?", api, status, seconds, call.version,
+                                     call.signature, entrypoint)
+            self.window.add(model or "?", call.version, api, seconds, status == "OK")
+
+    def log_request(self, model, api, build):
+        """Hands a served request to the model's request logger, if it has one and samples
+        this request; `build()` -> (request, response, ModelSpec that answered) runs only
+        then."""
+        logger = self.request_loggers.get(model)
+        if logger is None or not logger.sample():
+            return
+        try:
+            request, response, model_spec = build()
+        except Exception:  # pylint: disable=broad-except  (logging never fails a request)
+            logging.exception("request log for %s: record not built", model)
+            return
+        logger.enqueue(api, request, response, model_spec)
+
+    def _run(self, servable, signature_name, signature_def, feeds, output_keys):
+        if self.batcher is not None:
+            return self.batcher.run(servable, signature_name, signature_def, feeds, output_keys)
+        return servable.run(signature_def, feeds, output_keys)
+
+    @staticmethod
+    def _predict_signature(servable, signature_name):
+        signature_name = signature_name or DEFAULT_SIGNATURE
+        sig = servable.signatures.get(signature_name)
+        if sig is None:
+            raise _error(grpc.StatusCode.FAILED_PRECONDITION,
+                         "Serving signature key \"%s\" not found.", signature_name)
+        return signature_name, sig
+
+    def predict(self, name, version, label, signature_name, feeds, output_filter=()):
+        """feeds: {key: ndarray}, or a function of the signature's inputs map returning
+        it (gRPC decodes its TensorProtos against the signature of the very version that
+        runs them, with one servable lookup) -> (version, signature name, {key: ndarray})."""
+        with self._servable(name, version, label) as servable:
+            signature_name, sig = self._predict_signature(servable, signature_name)
+            if callable(feeds):
+                feeds = feeds(sig.inputs)
+            if self.method_name_check and sig.method_name not in (
+                    PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
+                raise _error(grpc.StatusCode.INTERNAL,
+                             "Expected prediction signature method_name to be one of {%s, %s, "
+                             "%s}. Was: %s", PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD,
+                             sig.method_name)
+            expected, given = set(sig.inputs), set(feeds)
+            if given != expected:
+                raise errors.invalid(
+                    "input size does not match signature: %d!=%d len({%s}) != len({%s}). "
+                    "Sent extra: {%s}. Missing but required: {%s}.", len(given), len(expected),
+                    ",".join(sorted(given)), ",".join(sorted(expected)),
+                    ",".join(sorted(given - expected)), ",".join(sorted(expected - given)))
+            tensors.check_request_size(feeds, self.max_request_elements)
+            for key, array in feeds.items():
+                tensors.check_input(key, array, sig.inputs[key])
+            seen = set()
+            for alias in output_filter:
+                if alias not in sig.outputs:
+                    raise errors.invalid("output tensor alias not found in signature: %s "
+                                         "Outputs expected to be in the set {%s}.", alias,
+                                         ",".join(sorted(sig.outputs)))
+                if alias in seen:
+                    raise errors.invalid("duplicate output tensor alias: %s", alias)
+                seen.add(alias)
+            output_keys = sorted(output_filter or sig.outputs)
+            outputs = self._run(servable, signature_name, sig, feeds, output_keys)
+            return servable.version, signature_name, outputs
+
+    @staticmethod
+    def _signature(servable, signature_name):
+        """Classify / Regress lookup: a missing name is INVALID_ARGUMENT there."""
+        signature_name = signature_name or DEFAULT_SIGNATURE
+        sig = servable.signatures.get(signature_name)
+        if sig is None:
+            raise errors.invalid("No signature was found with the name: %s", signature_name)
+        return signature_name, sig
+
+    @staticmethod
+    def _examples(serialized_examples):
+        if not serialized_examples:
+            raise errors.invalid("Input is empty.")
+        array = np.empty([len(serialized_examples)], dtype=object)
+        array[:] = list(serialized_examples)
+        return array
+
+    def classify(self, name, version, label, signature_name, serialized_examples):
+        """-> (version, signature name, classes [B,C] bytes or None, scores [B,C] or None)."""
+        with self._servable(name, version, label) as servable:
+            signature_name, sig = self._signature(servable, signature_name)
+            keys = check_classification_signature(signature_name, sig, self.method_name_check)
+            examples = self._examples(serialized_examples)
+            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
+            classes, scores = classification_result(len(examples), outputs.get(CLASSES),
+                                                    outputs.get(SCORES))
+            return servable.version, signature_name, classes, scores
+
+    def regress(self, name, version, label, signature_name, serialized_examples):
+        """-> (version, signature name, outputs float32 [B])."""
+        with self._servable(name, version, label) as servable:
+            signature_name, sig = self._signature(servable, signature_name)
+            keys = check_regression_signature(signature_name, sig, self.method_name_check)
+            examples = self._examples(serialized_examples)
+            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
+            return servable.version, signature_name, regression_result(len(examples),
+                                                                        outputs[OUTPUTS])
+
+    def multi_inference(self, tasks, serialized_examples, version=None, label=None):
+        """Several classify / regress signatures of one model over one input, run once.
+
+        tasks: [(model name, signature name, method name)]; version / label: the first
+        task's ModelSpec, which picks the servable (multi_inference_helper.cc).
+        -> (model name, version, [(method, signature name as given, result)]) where result
+        is (classes, scores) for classify and outputs [B] for regress."""
+        model_name = tasks[0][0] if tasks else ""
+        with self._servable(model_name, version, label) as servable:
+            seen, plans = set(), []
+            feeds_sig = meta_graph_pb2.SignatureDef()
+            for index, (task_model, signature_name, method) in enumerate(tasks):
+                if not task_model:
+                    raise errors.invalid("Found ModelSpec with an empty model name.")
+                if task_model != model_name:
+                    raise errors.invalid("All ModelSpecs in a MultiInferenceRequest must access "
+                                         "the same model name.")
+                resolved = signature_name or DEFAULT_SIGNATURE
+                if resolved in seen:
+                    raise errors.invalid("Duplicate evaluation of signature: %s", resolved)
+                seen.add(resolved)
+                sig = servable.signatures.get(resolved)
+                if sig is None:
+                    raise errors.invalid("Requested signature not found in model graph: %s",
+                                         resolved)
+                if method == CLASSIFY_METHOD:
+                    keys = check_classification_signature(resolved, sig, False)
+                elif method == REGRESS_METHOD:
+                    keys = check_regression_signature(resolved, sig, False)
+                else:
+                    raise _error(grpc.StatusCode.UNIMPLEMENTED,
+                                 "Unsupported signature method_name: %s", method)
+                feeds_sig.inputs["%d/%s" % (index, INPUTS)].CopyFrom(sig.inputs[INPUTS])
+                for key in keys:
+                    feeds_sig.outputs["%d/%s" % (index, key)].CopyFrom(sig.outputs[key])
+                plans.append((index, method, signature_name))
+            examples = self._examples(serialized_examples)
+            # One feed per distinct input tensor; one fetch per distinct output tensor.
+            inputs = {}
+            for key, info in sorted(feeds_sig.inputs.items()):
+                inputs.setdefault(info.name, key)
+            fetch_keys = {}
+            for key, info in sorted(feeds_sig.outputs.items()):
+                fetch_keys.setdefault(info.name, key)
+            run_sig = meta_graph_pb2.SignatureDef()
+            for key in inputs.values():
+                run_sig.inputs[key].CopyFrom(feeds_sig.inputs[key])
+            for key in fetch_keys.values():
+                run_sig.outputs[key].CopyFrom(feeds_sig.outputs[key])
+            fetched = servable.run(run_sig, {k: examples for k in inputs.values()},
+                                   sorted(fetch_keys.values()))
+
+            def value(index, key):
+                full = "%d/%s" % (index, key)
+                if full not in feeds_sig.outputs:
+                    return None
+                return fetched[fetch_keys[feeds_sig.outputs[full].name]]
+
+            results = []
+            for index, method, signature_name in plans:
+                if method == CLASSIFY_METHOD:
+                    result = classification_result(len(examples), value(index, CLASSES),
+                                                   value(index, SCORES))
+                else:
+                    result = regression_result(len(examples), value(index, OUTPUTS))
+                results.append((method, signature_name, result))
+            return model_name, servable.version, results
+
+    def metadata(self, name, version, label):
+        """-> (version, {signature name: SignatureDef})."""
+        with self._servable(name, version, label) as servable:
+            return servable.version, dict(servable.signatures)
+
+    def signature(self, name, version, label, signature_name):
+        """The SignatureDef a Predict would use (FAILED_PRECONDITION when absent)."""
+        with self._servable(name, version, label) as servable:
+            return self._predict_signature(servable, signature_name)[1]
+
+    def status(self, name, version=None, label=None):
+        """Like get_model_status_impl.cc: a version label is ignored, every version listed.
+        Load-failure messages reach clients without server paths."""
+        del label
+        return [(number, state, errors.scrub_paths(message) if message else message)
+                for number, state, message in self.manager.status(name, version)]

@@ -1,0 +1,209 @@
+"""One loaded SavedModel version: its session, its signatures, warmup, and the in-flight
+accounting that lets a version be retired without dropping the requests it is serving.
+
+This is the public way to load a SavedModel exactly as the server does (export
+verification uses it too):
+
+    servable = Servable.load("/models/resnet/3")
+    name, signature_def = servable.signature("serving_default")
+    outputs = servable.run(signature_def, {"image_bytes": images}, ["classes"])
+    replayed = servable.warm_up()
+    servable.retire()
+"""
+import collections
+import os
+import threading
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
+from tensorflow_serving.apis import prediction_log_pb2
+
+from slimserve.serving.core import errors
+from slimserve.serving.core import tensors
+
+# Where TF Serving looks for warmup records, relative to a version directory. The one
+# definition: export/ writes the file here too.
+WARMUP_PATH = os.path.join("assets.extra", "tf_serving_warmup_requests")
+DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+# Callables kept per servable: one per (input tensors, output tensors) seen, the least
+# recently used dropped past this many (output filters could otherwise make 2^outputs).
+MAX_CALLABLES = 64
+
+
+class WarmupError(Exception):
+    """A warmup record failed to replay: the version must not be served."""
+
+
+class Servable:
+    """One loaded version: its session and signatures, with in-flight accounting."""
+
+    def __init__(self, name, version, path, session_config=None, tags=None,
+                 use_callables=True):
+        """Loads the meta graph tagged `tags` (default: `serve`) at `path`; raises (session
+        closed) if it cannot. use_callables: run through cached `Session` callables (the
+        C++ Session::MakeCallable; the default) instead of session.run with a feed dict,
+        which re-resolves names and fetch structure on every call."""
+        self.name = name
+        self.version = version
+        self.path = path
+        self.graph = tf.Graph()
+        self.session = tf.compat.v1.Session(graph=self.graph, config=session_config)
+        try:
+            meta_graph = tf.compat.v1.saved_model.loader.load(
+                self.session, list(tags or [tf.saved_model.SERVING]), path)
+        except Exception:
+            self.session.close()
+            raise
+        self.signatures = dict(meta_graph.signature_def)
+        self._in_flight = 0
+        self._retired = False
+        self._lock = threading.Lock()
+        self.use_callables = use_callables
+        self._callables = collections.OrderedDict()  # (feed names, fetch names) -> callable
+
+    @classmethod
+    def load(cls, path, session_config=None):
+        """A servable for the SavedModel at `path`; name and version are read off the path
+        (`<base>/<name>/<version>` as TF Serving lays it out, version 0 if not a number)."""
+        path = path.rstrip("/")
+        base, leaf = os.path.split(path)
+        version = int(leaf) if leaf.isdigit() else 0
+        name = os.path.basename(base) if leaf.isdigit() else leaf
+        return cls(name or "model", version, path, session_config)
+
+    def acquire(self):
+        """Takes one in-flight reference; False once the version is retired."""
+        with self._lock:
+            if self._retired:
+                return False
+            self._in_flight += 1
+            return True
+
+    def release(self):
+        with self._lock:
+            self._in_flight -= 1
+            close = self._retired and self._in_flight == 0
+        if close:
+            self.session.close()
+
+    def retire(self):
+        """No new requests; the session closes when the last in-flight one releases."""
+        with self._lock:
+            self._retired = True
+            close = self._in_flight == 0
+        if close:
+            self.session.close()
+
+    def signature(self, name):
+        """(name, SignatureDef); an empty name means serving_default. NOT_FOUND otherwise."""
+        name = name or DEFAULT_SIGNATURE
+        if name not in self.signatures:
+            raise errors.not_found("Serving signature name: \"%s\" not found in signature def "
+                                   "(model %s version %d; has %s)", name, self.name,
+                                   self.version, ", ".join(sorted(self.signatures)))
+        return name, self.signatures[name]
+
+    def run(self, signature_def, feeds, output_keys):
+        """feeds: {input key: ndarray}; returns {output key: ndarray}. TF errors become
+        ServingErrors with the same canonical code."""
+        if not self.use_callables:
+            feed_dict = {signature_def.inputs[k].name: v for k, v in feeds.items()}
+            fetches = [signature_def.outputs[k].name for k in output_keys]
+            try:
+                values = self.session.run(fetches, feed_dict=feed_dict)
+            except tf.errors.OpError as error:
+                raise errors.from_tf_error(error) from None
+            return dict(zip(output_keys, values))
+        keys = list(feeds)
+        run, specs = self._callable(
+            tuple(signature_def.inputs[k].name for k in keys),
+            tuple(signature_def.outputs[k].name for k in output_keys))
+        # What session.run did for every feed: convert to the placeholder's dtype and
+        # refuse a shape the placeholder does not accept (the callable does neither).
+        values = []
+        for key, (dtype, dims) in zip(keys, specs):
+            value = feeds[key]
+            if dtype is not None and value.dtype != dtype:
+                value = np.asarray(value, dtype)
+            if dims is not None and (len(dims) != value.ndim or any(
+                    d is not None and d != n for d, n in zip(dims, value.shape))):
+                raise errors.invalid("input %s: cannot feed a value of shape %s to a tensor "
+                                     "of shape %s", key, list(value.shape), dims)
+            values.append(value)
+        try:
+            values = run(*values)
+        except tf.errors.OpError as error:
+            raise errors.from_tf_error(error) from None
+        return dict(zip(output_keys, values))
+
+    def _callable(self, feed_names, fetch_names):
+        """(callable, [(numpy dtype or None for strings, dims or None) per feed]): the
+        session callable feeding `feed_names` and fetching `fetch_names`, made on first
+        use and kept (least recently used dropped past MAX_CALLABLES)."""
+        key = (feed_names, fetch_names)
+        with self._lock:
+            entry = self._callables.get(key)
+            if entry is not None:
+                self._callables.move_to_end(key)
+                return entry
+        specs = []
+        try:
+            for name in feed_names:
+                tensor = self.graph.get_tensor_by_name(name)
+                dims = tensor.shape.as_list() if tensor.shape.rank is not None else None
+                specs.append((None if tensor.dtype == tf.string else
+                              np.dtype(tensor.dtype.as_numpy_dtype), dims))
+            options = config_pb2.CallableOptions(feed=list(feed_names),
+                                                 fetch=list(fetch_names))
+            # TF's own wrapper of Session::MakeCallable (Keras used it); the public
+            # make_callable(fetches, feed_list) falls back to session.run with a feed dict
+            make = self.session._make_callable_from_options  # pylint: disable=protected-access
+            run = make(options)
+        except tf.errors.OpError as error:
+            raise errors.from_tf_error(error) from None
+        except (KeyError, ValueError) as error:  # a signature naming no tensor of the graph
+            raise errors.ServingError(grpc.StatusCode.INTERNAL, str(error)) from None
+        with self._lock:
+            entry = self._callables.setdefault(key, (run, specs))
+            self._callables.move_to_end(key)
+            while len(self._callables) > MAX_CALLABLES:
+                self._callables.popitem(last=False)
+        return entry
+
+    def warm_up(self):
+        """Replays assets.extra/tf_serving_warmup_requests (predict, classify and regress
+        logs, as TF Serving does); returns how many ran. Any failure raises WarmupError
+        naming the record: a version whose warmup fails is not served."""
+        path = os.path.join(self.path, WARMUP_PATH)
+        if not tf.io.gfile.exists(path):
+            return 0
+        count = 0
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            try:
+                self._replay(record)
+            except Exception as error:  # pylint: disable=broad-except
+                message = getattr(error, "message", None) or str(error)
+                raise WarmupError("%s: warmup record %d failed: %s" % (
+                    path, count + 1, message.strip().splitlines()[0] if message.strip()
+                    else type(error).__name__)) from error
+            count += 1
+        return count
+
+    def _replay(self, record):
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        kind = log.WhichOneof("log_type")
+        if kind == "predict_log":
+            request = log.predict_log.request
+            _, sig = self.signature(request.model_spec.signature_name)
+            feeds = tensors.decode_inputs(request.inputs, sig.inputs)  # bounded too
+            self.run(sig, feeds, sorted(sig.outputs))
+        elif kind in ("classify_log", "regress_log"):
+            request = getattr(log, kind).request
+            _, sig = self.signature(request.model_spec.signature_name)
+            examples = np.array([e.SerializeToString()
+                                 for e in request.input.example_list.examples], object)
+            self.run(sig, {next(iter(sig.inputs)): examples}, sorted(sig.outputs))
+        else:
+            raise ValueError("unsupported warmup log type %s" % kind)

@@ -1,0 +1,72 @@
+"""Bulk inference on Apache Beam: the same ImageClassifier as bulk_predict.py, behind
+Beam's RunInference (BatchElements batches, one model per worker process).
+
+    refs -> Reshuffle -> read (files, or every record of a TFRecord shard)
+         -> RunInference(SavedModelImageHandler) -> JSON lines [+ PredictionLog TFRecords]
+
+The launcher then reads the JSON lines back for the summary, as the local path does.
+"""
+import json
+
+from slimserve.serving.tools import bulk_predict
+
+def make_model_handler(path, version, signature_name="serving_default", top_k=5,
+                       prediction_log=False, min_batch_size=1, max_batch_size=32):
+    """A RunInference ModelHandler: ImageInput elements in, output rows (dicts) out."""
+    from apache_beam.ml.inference import base  # pylint: disable=g-import-not-at-top
+
+    class SavedModelImageHandler(base.ModelHandler):
+        """Loads the SavedModel once per worker process (RunInference shares it)."""
+
+        def load_model(self):
+            return bulk_predict.ImageClassifier(path, version, signature_name=signature_name,
+                                                top_k=top_k, prediction_log=prediction_log)
+
+        def run_inference(self, batch, model, inference_args=None):
+            del inference_args
+            return model.predict(list(batch))
+
+        def batch_elements_kwargs(self):
+            return {"min_batch_size": min_batch_size, "max_batch_size": max_batch_size}
+
+        def get_metrics_namespace(self):
+            return "slimserve_bulk_predict"
+
+    return SavedModelImageHandler()
+
+
+def _json_line(row):
+    row = dict(row)
+    row.pop("_prediction_log", None)
+    return json.dumps(row, sort_keys=True)
+
+
+def predict_beam(model_base_path, input_spec, output, options,
+                 model_version=None, batch_size=32, top_k=5, prediction_log=None,
+                 signature_name="serving_default"):
+    """Scores every input on Beam with these PipelineOptions (slimserve/cli/beam.py makes
+    them from the flags); returns the summary of the written JSON lines."""
+    import apache_beam as beam  # pylint: disable=g-import-not-at-top
+    from apache_beam.ml.inference.base import RunInference  # pylint: disable=g-import-not-at-top
+    refs = bulk_predict.list_inputs(input_spec)
+    version, path = bulk_predict.model_path(model_base_path, model_version)
+    if batch_size < 1:
+        raise bulk_predict.BulkPredictError("--batch_size must be >= 1, got %d" % batch_size)
+    handler = make_model_handler(path, version, signature_name, top_k, bool(prediction_log),
+                                 max_batch_size=batch_size)
+    with beam.Pipeline(options=options) as pipeline:
+        rows = (pipeline
+                | "Inputs" >> beam.Create(refs)
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.FlatMap(bulk_predict.read)
+                | "Predict" >> RunInference(handler))
+        _ = (rows
+             | "ToJson" >> beam.Map(_json_line)
+             | "WriteJsonLines" >> beam.io.WriteToText(output, shard_name_template=""))
+        if prediction_log:
+            _ = (rows
+                 | "Logs" >> beam.FlatMap(lambda row: [row["_prediction_log"]]
+                                          if "_prediction_log" in row else [])
+                 | "WriteLogs" >> beam.io.WriteToTFRecord(prediction_log,
+                                                          shard_name_template=""))
+    return bulk_predict.summarize_file(output)

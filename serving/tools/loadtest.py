@@ -1,0 +1,70 @@
+"""Closed-loop gRPC load generator: N clients each send one request, wait for the
+answer, send the next. Reports latency percentiles, throughput and errors.
+
+The library half of `slimserve-loadtest` (slimserve/cli/loadtest.py); benchmarks call
+`run_level` directly. Bounded by a request count and a deadline per level.
+"""
+import concurrent.futures
+import os
+import threading
+import time
+
+import numpy as np
+
+
+def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_size=1,
+              signature_name="serving_default", progress=None, first_index=0):
+    """One closed-loop run; returns a dict of latency percentiles (ms), rates, errors and
+    the raw latencies (`latencies_ms`, for callers that pool several runs).
+    Request i sends images[(first_index + i) * batch_size ...]."""
+    counter = iter(range(first_index, first_index + requests))
+    lock = threading.Lock()
+    latencies, errors = [], {}
+    deadline = time.perf_counter() + max_seconds
+
+    def worker():
+        while time.perf_counter() < deadline:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            batch = [images[(index * batch_size + i) % len(images)] for i in range(batch_size)]
+            started = time.perf_counter()
+            try:
+                client.predict({"image_bytes": batch}, signature_name)
+                elapsed = time.perf_counter() - started
+                with lock:
+                    latencies.append(elapsed)
+            except Exception as error:  # pylint: disable=broad-except
+                name = error.code().name if hasattr(error, "code") else type(error).__name__
+                with lock:
+                    errors[name] = errors.get(name, 0) + 1
+            if progress:
+                progress()
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        for future in [pool.submit(worker) for _ in range(concurrency)]:
+            future.result()
+    wall = time.perf_counter() - started
+    millis = np.array(latencies) * 1000.0 if latencies else np.array([float("nan")])
+    return {
+        "concurrency": concurrency, "batch_size": batch_size, "requests": len(latencies),
+        "errors": errors, "seconds": round(wall, 3),
+        "requests_per_s": len(latencies) / wall, "images_per_s": len(latencies) * batch_size / wall,
+        "p50_ms": float(np.percentile(millis, 50)), "p90_ms": float(np.percentile(millis, 90)),
+        "p99_ms": float(np.percentile(millis, 99)), "latencies_ms": millis.tolist(),
+    }
+
+
+def load_images(path):
+    files = [path] if os.path.isfile(path) else [
+        os.path.join(root, name) for root, _, names in os.walk(path) for name in sorted(names)
+        if name.lower().endswith((".jpg", ".jpeg", ".png", ".gif", ".bmp"))]
+    if not files:
+        raise ValueError("%s holds no JPEG/PNG/GIF/BMP file" % path)
+    images = []
+    for name in sorted(files)[:256]:
+        with open(name, "rb") as handle:
+            images.append(handle.read())
+    return images
