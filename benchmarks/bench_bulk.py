@@ -32,7 +32,7 @@ from slimserve.estimator import dataset
 from slimserve.serving.core import batching  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving.tools import beam_inference
 from slimserve.serving.tools import bulk_predict
-from slimserve.serving.core import manager as models
+
 from slimserve.serving.tools import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving import server as server_lib
 from slimserve.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
@@ -97,9 +97,10 @@ def bench_inference(images, base, batch_size, rounds, concurrency):
     beam_rate = len(encoded) / (time.perf_counter() - started)
 
     server = server_lib.ModelServer(
-        [models.ServedModel("resnet", base)], port=0, rest_api_port=0, poll_seconds=0,
-        batching=batching.BatchingParameters(max_batch_size=batch_size,
-                                             batch_timeout_micros=2000)).start()
+        model_base_path=base, port=server_lib.PICK_FREE_PORT, rest_api_port=0,
+        file_system_poll_wait_seconds=0,
+        batching_parameters=batching.BatchingParameters(max_batch_size=batch_size,
+                                                        batch_timeout_micros=2000)).start()
     client = client_lib.Client("127.0.0.1:%d" % server.port)
     try:
         client.predict_images(encoded[:1])

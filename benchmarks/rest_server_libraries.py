@@ -29,16 +29,17 @@ def _free_port():
 
 
 def _service(model_dir):
-    from slimserve.serving.core import manager as models  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.core import manager as manager_lib  # pylint: disable=import-outside-toplevel
     from slimserve.serving.core import inference as service
-    manager = models.ModelManager([models.ServedModel("tiny", model_dir)], warmup=False)
+    manager = manager_lib.ModelManager([model_config.ServedModel("tiny", model_dir)], warmup=False)
     manager.poll()
     return service.InferenceService(manager)
 
 
 def _serve_waitress(model_dir, port):
-    from slimserve.serving.api import rest_api as rest  # pylint: disable=import-outside-toplevel
-    server = rest.RestServer(_service(model_dir), "127.0.0.1", port)
+    from slimserve.serving.api import http_server  # pylint: disable=import-outside-toplevel
+    server = http_server.RestServer(_service(model_dir), "127.0.0.1", port)
     api_app = server._server.application  # pylint: disable=protected-access
 
     def app(environ, start_response):

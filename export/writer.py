@@ -19,7 +19,7 @@ from slimserve.export import receivers
 from slimserve.export import signatures
 from slimserve.export import versions
 from slimserve.export import warmup
-from slimserve.serving.core import manager as serving_models
+from slimserve.serving.core import servable as servable_lib
 
 # Version bookkeeping lives in export/versions.py (no TensorFlow import for local
 # paths); these names stay here for callers of the writer.
@@ -92,7 +92,7 @@ def write_saved_model(export_base, checkpoint_path, model_config, preprocess,
             images = sample_jpegs or warmup.sample_images(
                 image_size=preprocess.image_size)
             warmup_records = warmup.build_requests(images, preprocess.image_size)
-        warmup.write_warmup(os.path.join(temp_dir, serving_models.WARMUP_PATH), warmup_records)
+        warmup.write_warmup(os.path.join(temp_dir, servable_lib.WARMUP_PATH), warmup_records)
         if before_publish is not None:
             before_publish(temp_dir)
         final_dir = publish(export_base, version, temp_dir)

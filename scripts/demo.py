@@ -35,10 +35,10 @@ def served_predictions(export_base, data_dir, server_args):
     from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import schema
     from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.core import manager as models
+
     from slimserve.serving import server
     images, labels = dataset.read_images(data_dir, schema.VALIDATION)
-    instance = server.ModelServer([models.ServedModel("resnet", export_base)], **server_args)
+    instance = server.ModelServer(model_name="resnet", model_base_path=export_base, **server_args)
     instance.start()
     try:
         client = client_lib.Client("127.0.0.1:%d" % instance.port)
@@ -152,10 +152,10 @@ def main(argv=None):
                                               "eval_result.json")))
     print("\n== serve %s and send every validation image over gRPC" % export_base)
     serve_started = time.time()
-    server_args = {"port": 0, "rest_api_port": 0, "poll_seconds": 0}
+    server_args = {"port": -1, "rest_api_port": 0, "file_system_poll_wait_seconds": 0}
     if args.enable_batching:
         from slimserve.serving.core import batching  # pylint: disable=import-outside-toplevel
-        server_args["batching"] = batching.BatchingParameters()
+        server_args["batching_parameters"] = batching.BatchingParameters()
     labels, predicted, latencies, _ = served_predictions(export_base, paths["data"],
                                                          server_args)
     timings["serve + predict validation"] = round(time.time() - serve_started, 1)

@@ -1,7 +1,11 @@
-"""Embedded TF-Serving-compatible model server: gRPC on 8500, REST on 8501.
+"""The embedded TF-Serving-compatible model server: wiring only.
 
-The library half of `slimserve-server` (slimserve/cli/server.py holds the flags):
-`ModelServer` runs in-process too (tests, the demo, benchmarks).
+`ModelServer(options)` builds what a `ServerOptions` (serving/options.py; its fields are
+tensorflow_model_server's flag names) asks for, as TF Serving's Server::BuildAndStart:
+every config file is read once (serving/config/files.py), the model manager, batcher and
+inference service are made, and gRPC (and REST, and the Unix socket) are bound; `start()`
+loads the first versions and starts serving. slimserve-server (slimserve/cli/server.py) is
+this plus flags; tests, the demo and benchmarks run it in process.
 """
 import logging
 import os
@@ -13,22 +17,28 @@ import grpc
 from grpc_health.v1 import health
 from grpc_health.v1 import health_pb2
 from grpc_health.v1 import health_pb2_grpc
-from tensorflow_serving.config import model_server_config_pb2
 
-from slimserve.serving.core import batching as batching_lib
-from slimserve.serving.config import messages as config_protos
-from slimserve.serving.core import errors
+from slimserve.serving import options as options_lib
 from slimserve.serving.api import grpc_service
-from slimserve.serving.observability import metrics as metrics_lib
-from slimserve.serving.core import manager as models
-from slimserve.serving.observability import request_log
-from slimserve.serving.api import rest_api as rest
-from slimserve.serving.core import inference as service
-from slimserve.serving.core import tensors
+from slimserve.serving.api import http_server
 from slimserve.serving.api import tls
+from slimserve.serving.config import files
+from slimserve.serving.config import model_config
+from slimserve.serving.config import session
+from slimserve.serving.core import batching as batching_lib
+from slimserve.serving.core import errors
+from slimserve.serving.core import inference
+from slimserve.serving.core import manager as manager_lib
+from slimserve.serving.observability import metrics as metrics_lib
+from slimserve.serving.observability import request_log
 
+PICK_FREE_PORT = options_lib.PICK_FREE_PORT  # bind any free port; ModelServer reports it
 # TF Serving lets gRPC accept messages of any size; so do we unless told otherwise.
 _MAX_MESSAGE = 2 ** 31 - 1
+# The services TF Serving registers with the standard health service, plus the
+# full names grpc_health_probe users pass, plus "" (the whole server).
+HEALTH_SERVICES = ("", "ModelService", "PredictionService", "tensorflow.serving.ModelService",
+                   "tensorflow.serving.PredictionService")
 
 
 def parse_channel_arguments(text):
@@ -42,118 +52,161 @@ def parse_channel_arguments(text):
     return options
 
 
-def parse_monitoring_config(path):
-    """TF Serving's MonitoringConfig file -> the Prometheus path, or None when not enabled
-    (an empty path means TF Serving's default, /monitoring/prometheus/metrics)."""
-    config = config_protos.parse_text_file(path, config_protos.MonitoringConfig,
-                                           "monitoring_config_file")
+def monitoring_path(config, where="--monitoring_config_file"):
+    """A MonitoringConfig -> the Prometheus path, or None when not enabled (an empty path
+    means TF Serving's default, /monitoring/prometheus/metrics)."""
     prometheus = config.prometheus_config
     if not prometheus.enable:
         return None
     if prometheus.path and not prometheus.path.startswith("/"):
-        raise ValueError("--monitoring_config_file %s: prometheus_config.path must start with "
-                         "'/', got %r" % (path, prometheus.path))
+        raise ValueError("%s: prometheus_config.path must start with '/', got %r"
+                         % (where, prometheus.path))
     return prometheus.path or metrics_lib.PATH
 
 
-def read_model_config_file(path):
-    """The text-format ModelServerConfig proto at `path` (errors name the flag)."""
-    return config_protos.parse_text_file(path, model_server_config_pb2.ModelServerConfig,
-                                         "model_config_file")
+def read_monitoring_path(path, flag="monitoring_config_file"):
+    """The Prometheus path a --monitoring_config_file enables, or None."""
+    return monitoring_path(files.read_monitoring_config(path, flag), "--%s %s" % (flag, path))
 
 
-# The services TF Serving registers with the standard health service, plus the
-# full names grpc_health_probe users pass, plus "" (the whole server).
-HEALTH_SERVICES = ("", "ModelService", "PredictionService", "tensorflow.serving.ModelService",
-                   "tensorflow.serving.PredictionService")
+def _check(options):
+    """Refuses combinations tensorflow_model_server refuses, naming the flags."""
+    given = [bool(options.model_base_path), bool(options.model_config_file),
+             options.model_server_config is not None]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of --model_base_path or --model_config_file")
+    if options.use_alts_credentials and (options.ssl_config_file or options.ssl_config):
+        raise ValueError("Either --use_alts_credentials must be false or --ssl_config_file "
+                         "must be empty.")
+    if options.port == 0 and not options.grpc_socket_path:
+        raise ValueError("At least one of --port or --grpc_socket_path must be set.")
+    if options.rest_api_port > 0 and options.rest_api_port == options.port:
+        raise ValueError("--rest_api_port must differ from --port (both %d)" % options.port)
+    if (options.batching_parameters_file or options.batching_parameters) and \
+            not options.enable_batching and options.batching_parameters is None:
+        raise ValueError("--batching_parameters_file needs --enable_batching")
+
+
+def _model_configs(options):
+    """(initial [ServedModel], the ModelServerConfig read from --model_config_file or None)."""
+    if isinstance(options.model_server_config, (list, tuple)):
+        return list(options.model_server_config), None  # [ServedModel], in process
+    if options.model_server_config is not None:
+        return model_config.served_models_from_proto(options.model_server_config,
+                                                     "model_server_config"), None
+    if options.model_config_file:
+        config = files.read_model_server_config(options.model_config_file)
+        return model_config.served_models_from_proto(
+            config, "--model_config_file %s" % options.model_config_file), config
+    return [model_config.ServedModel(options.model_name, options.model_base_path)], None
+
+
+def _batching(options):
+    if options.batching_parameters is not None:
+        options.batching_parameters.check()
+        return options.batching_parameters
+    if not options.enable_batching:
+        return None
+    if options.batching_parameters_file:
+        return batching_lib.BatchingParameters.from_file(options.batching_parameters_file)
+    return batching_lib.BatchingParameters()
+
+
+def _ssl_config(options):
+    if options.ssl_config is not None:
+        return tls.check_ssl_config(options.ssl_config, "ssl_config")
+    if options.ssl_config_file:
+        return tls.check_ssl_config(files.read_ssl_config(options.ssl_config_file),
+                                    "--ssl_config_file %s" % options.ssl_config_file)
+    return None
+
+
+def _monitoring_path(options):
+    if options.monitoring_config is not None:
+        return monitoring_path(options.monitoring_config, "monitoring_config")
+    if options.monitoring_config_file:
+        return read_monitoring_path(options.monitoring_config_file)
+    return None
 
 
 class ModelServer:
-    """gRPC + REST front ends over one ModelManager; usable in-process (tests, demo).
+    """gRPC + REST front ends over one ModelManager, configured by one ServerOptions.
 
-    Keyword options mirror tensorflow_model_server's flags (slimserve/cli/server.py):
-    grpc_socket_path, ssl_config (an SSLConfig from tls.load_ssl_config: TLS on gRPC and
-    REST), enable_grpc_healthcheck_service, method_name_check
-    (--enable_signature_method_name_check), model_config_file +
-    model_config_file_poll_seconds (re-read the file and reload: new models load before
-    old ones unload), rest_api_timeout_in_ms / rest_api_num_threads /
-    rest_api_enable_cors_support (for the REST front end), and manager options
-    (saved_model_tags, allow_version_labels_for_unavailable_models, num_load_threads,
-    load_retry_interval_micros: None keeps the manager's default)."""
+    After construction the ports are bound: `port` and `rest_api_port` are the ones in use
+    (0 when that API is off; PICK_FREE_PORT in the options becomes a real port here)."""
 
-    def __init__(self, model_configs, port=8500, rest_api_port=8501,
-                 bind_address="127.0.0.1", batching=None, poll_seconds=1, warmup=True,
-                 monitoring_path=None, grpc_options=(), grpc_max_threads=32,
-                 session_config=None, max_num_load_retries=5,
-                 load_retry_interval_micros=60 * 1000 * 1000, num_load_threads=0,
-                 allow_version_labels_for_unavailable_models=False,
-                 max_request_elements=None, max_broadcast_elements=None, *,
-                 grpc_socket_path=None, ssl_config=None, enable_grpc_healthcheck_service=False,
-                 method_name_check=False, model_config_file=None,
-                 model_config_file_poll_seconds=0, saved_model_tags=None,
-                 rest_api_num_threads=None, rest_api_timeout_in_ms=30000,
-                 rest_max_body_bytes=64 * 2 ** 20, rest_connection_limit=256,
-                 rest_idle_timeout_seconds=30, rest_read_timeout_seconds=60,
-                 rest_api_enable_cors_support=False):
+    def __init__(self, options=None, **changes):
+        """options: a ServerOptions; keyword changes are applied on top of it (or of the
+        defaults), e.g. ModelServer(model_base_path=path, port=PICK_FREE_PORT)."""
+        options = (options or options_lib.ServerOptions()).replace(**changes)
+        _check(options)
+        self.options = options
+        configs, self._config_loaded = _model_configs(options)
+        batching = _batching(options)
+        ssl_config = _ssl_config(options)
+        monitoring = _monitoring_path(options)
+        channel_arguments = parse_channel_arguments(options.grpc_channel_arguments)
+        for name, value in options_lib.changed_without_effect(options):
+            logging.warning("--%s=%s is accepted for TF Serving compatibility and has no "
+                            "effect here", name, value)
+        tags = tuple(t for t in options.saved_model_tags.split(",") if t) or None
         self.metrics = metrics_lib.Metrics()
-        self.manager = models.ModelManager(
-            model_configs, warmup, session_config, max_num_load_retries,
-            load_retry_interval_micros, num_load_threads,
-            allow_version_labels_for_unavailable_models,
+        self.manager = manager_lib.ModelManager(
+            configs, options.enable_model_warmup, session.session_config(options),
+            options.max_num_load_retries, options.load_retry_interval_micros,
+            options.num_load_threads, options.allow_version_labels_for_unavailable_models,
             on_change=self.metrics.model_event, on_load=self.metrics.model_load,
-            saved_model_tags=saved_model_tags)
+            saved_model_tags=tags)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
                                              self.metrics.observe_queue_wait)
                         if batching else None)
-        self.service = service.InferenceService(
-            self.manager, self.batcher, self.metrics,
-            tensors.DEFAULT_MAX_REQUEST_ELEMENTS if max_request_elements is None
-            else max_request_elements,
-            tensors.DEFAULT_MAX_BROADCAST_ELEMENTS if max_broadcast_elements is None
-            else max_broadcast_elements, method_name_check=method_name_check)
-        self._sync_request_loggers(model_configs)
+        self.service = inference.InferenceService(
+            self.manager, self.batcher, self.metrics, options.max_request_elements,
+            options.max_broadcast_elements,
+            method_name_check=options.enable_signature_method_name_check)
+        self._sync_request_loggers(configs)
         self.metrics.add_collector(
             lambda: metrics_lib.request_log_lines(self.service.request_loggers))
-        self._poll_seconds = poll_seconds
-        self._model_config_file = model_config_file
-        self._config_poll_seconds = model_config_file_poll_seconds
-        self._config_loaded = (read_model_config_file(model_config_file)
-                               if model_config_file else None)
         self._stopping = threading.Event()
         self._config_thread = None
         self._reload_lock = threading.Lock()  # one model-set change at a time
         self.ssl_config = ssl_config
-        options = dict([("grpc.max_receive_message_length", _MAX_MESSAGE),
-                        ("grpc.max_send_message_length", _MAX_MESSAGE)])
-        options.update(dict(grpc_options))  # gRPC would honour the first of duplicates
-        options = list(options.items())
-        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=grpc_max_threads),
-                                 options=options)
+        grpc_options = dict([("grpc.max_receive_message_length", _MAX_MESSAGE),
+                             ("grpc.max_send_message_length", _MAX_MESSAGE)])
+        grpc_options.update(dict(channel_arguments))  # gRPC would honour the first duplicate
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=options.grpc_max_threads),
+            options=list(grpc_options.items()))
         grpc_service.add_to_server(self._grpc, self.service, self.reload_config)
         self.health = None
-        if enable_grpc_healthcheck_service:
+        if options.enable_grpc_healthcheck_service:
             self.health = health.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
             for name in HEALTH_SERVICES:
                 self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         credentials = tls.grpc_credentials(ssl_config) if ssl_config else None
-        self.port = self._add_port("%s:%d" % (bind_address, port), credentials)
-        self.grpc_socket_path = grpc_socket_path
-        if grpc_socket_path:
-            self._add_port("unix:" + os.path.abspath(grpc_socket_path), credentials)
+        self.bind_address = options.bind_address
+        self.port = 0
+        if options.port:
+            self.port = self._add_port("%s:%d" % (options.bind_address, max(options.port, 0)),
+                                       credentials)
+        self.grpc_socket_path = options.grpc_socket_path or None
+        if self.grpc_socket_path:
+            self._add_port("unix:" + os.path.abspath(self.grpc_socket_path), credentials)
         self._rest = None
         self.rest_api_port = 0
-        if rest_api_port:
-            self._rest = rest.make_server(
-                self.service, bind_address, rest_api_port, self.metrics, monitoring_path,
-                num_threads=rest_api_num_threads, timeout_ms=rest_api_timeout_in_ms,
-                max_body_bytes=rest_max_body_bytes, connection_limit=rest_connection_limit,
-                idle_timeout_seconds=rest_idle_timeout_seconds,
-                read_timeout_seconds=rest_read_timeout_seconds,
-                enable_cors=rest_api_enable_cors_support,
+        if options.rest_api_port:
+            self._rest = http_server.make_server(
+                self.service, options.bind_address, max(options.rest_api_port, 0),
+                self.metrics, monitoring, num_threads=options.rest_api_num_threads,
+                timeout_ms=options.rest_api_timeout_in_ms,
+                max_body_bytes=options.rest_max_body_bytes,
+                connection_limit=options.rest_connection_limit,
+                idle_timeout_seconds=options.rest_idle_timeout_seconds,
+                read_timeout_seconds=options.rest_read_timeout_seconds,
+                enable_cors=options.rest_api_enable_cors_support,
                 ssl_context=tls.server_ssl_context(ssl_config) if ssl_config else None)
             self.rest_api_port = self._rest.port
-        self.bind_address = bind_address
 
     def _sync_request_loggers(self, configs):
         """One RequestLogger per model whose config has a logging_config (TF Serving's
@@ -190,7 +243,8 @@ class ModelServer:
         """HandleReloadConfigRequest / config-file polling: serve exactly these models,
         loading new ones before unloading old ones (ModelManager.reload)."""
         try:
-            configs = models.served_models_from_proto(config_proto, "ReloadConfigRequest")
+            configs = model_config.served_models_from_proto(config_proto,
+                                                           "ReloadConfigRequest")
         except ValueError as error:
             raise errors.invalid("%s", error) from None
         with self._reload_lock:
@@ -201,13 +255,13 @@ class ModelServer:
                 raise errors.invalid("%s", error) from None
 
     def _poll_config_file(self):
-        while not self._stopping.wait(self._config_poll_seconds):
+        path = self.options.model_config_file
+        while not self._stopping.wait(self.options.model_config_file_poll_wait_seconds):
             try:
-                config = read_model_config_file(self._model_config_file)
+                config = files.read_model_server_config(path)
                 if config == self._config_loaded:
                     continue
-                logging.info("--model_config_file %s changed: reloading",
-                             self._model_config_file)
+                logging.info("--model_config_file %s changed: reloading", path)
                 self.reload_config(config)
                 self._config_loaded = config
             except (ValueError, errors.ServingError) as error:
@@ -219,8 +273,9 @@ class ModelServer:
         for name in self.manager.model_names:
             if not self.manager.available_versions(name):
                 logging.warning("model %s has no loadable version yet; still polling", name)
-        self.manager.start_polling(self._poll_seconds)
-        if self._model_config_file and self._config_poll_seconds > 0:
+        self.manager.start_polling(self.options.file_system_poll_wait_seconds)
+        if self.options.model_config_file and \
+                self.options.model_config_file_poll_wait_seconds > 0:
             self._config_thread = threading.Thread(target=self._poll_config_file,
                                                    name="model-config-poller", daemon=True)
             self._config_thread.start()

@@ -31,3 +31,45 @@ def wait_until(condition, timeout=30.0, interval=0.02, message="condition"):
         if time.monotonic() > deadline:
             raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, message))
         time.sleep(interval)
+
+
+def serve_in_process(served_models, **options):
+    """A started in-process ModelServer for [ServedModel]: gRPC and REST on free ports
+    (rest_api_port=0 for none), file-system polling off unless given. `options` are
+    ServerOptions fields (the server's flag names)."""
+    from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
+    options.setdefault("port", server_lib.PICK_FREE_PORT)
+    options.setdefault("rest_api_port", server_lib.PICK_FREE_PORT)
+    options.setdefault("file_system_poll_wait_seconds", 0)
+    return server_lib.ModelServer(model_server_config=served_models, **options).start()
+
+
+def start_server_process(args, prefix=(), timeout=300, **popen):
+    """Runs `slimserve-server ARGS` (behind `prefix`, e.g. prlimit) on free ports unless
+    ARGS name them (--port=-1 / --rest_api_port=-1: the server picks and prints them) ->
+    (Popen, gRPC port, REST port or 0). Fails the test if it does not start in time."""
+    import select  # pylint: disable=import-outside-toplevel
+    args = [str(a) for a in args]
+    if not any(a.startswith("--port") for a in args):
+        args.append("--port=-1")
+    if not any(a.startswith("--rest_api_port") for a in args):
+        args.append("--rest_api_port=-1")
+    popen.setdefault("stderr", subprocess.PIPE)
+    process = subprocess.Popen(list(prefix) + [sys.executable, "-m", "slimserve.cli.server"]
+                               + args, stdout=subprocess.PIPE, text=True, **popen)
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if ready else ""
+    if not line.startswith("slimserve-server: gRPC"):
+        process.kill()
+        _, err = process.communicate(timeout=30)
+        raise AssertionError("slimserve-server did not start: %r\n%s" % (line, (err or "")[-4000:]))
+    return (process,) + parse_ready_line(line)
+
+
+def parse_ready_line(line):
+    """'slimserve-server: gRPC 127.0.0.1:8500 unix:/s REST 8501' -> (8500, 8501); 0 for off."""
+    words = line.split()
+    grpc_port = next((int(w.rsplit(":", 1)[1]) for w in words[2:] if ":" in w
+                      and not w.startswith("unix:")), 0)
+    rest = words[words.index("REST") + 1]
+    return grpc_port, 0 if rest == "off" else int(rest)

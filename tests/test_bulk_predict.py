@@ -15,9 +15,9 @@ from tensorflow_serving.apis import prediction_log_pb2
 from slimserve.serving.tools import beam_inference
 from slimserve.serving.tools import bulk_predict
 from slimserve.serving.tools import client as client_lib
-from slimserve.serving.core import manager as models
-from slimserve.serving import server as server_lib
+from slimserve.serving.config import model_config
 from slimserve.cli import beam as beam_cli
+from tests.helpers import serve_in_process
 
 
 def read_rows(path):
@@ -45,8 +45,8 @@ def test_bulk_equals_served_predictions_and_estimator_accuracy(
     assert sorted(rows) == sorted(key for key, _ in examples)
     assert summary["errors"] == 0 and summary["labelled"] == len(examples)
 
-    server = server_lib.ModelServer([models.ServedModel("resnet", os.path.dirname(export_dir))],
-                                    port=0, rest_api_port=0, poll_seconds=0).start()
+    server = serve_in_process([model_config.ServedModel("resnet", os.path.dirname(export_dir))],
+                              rest_api_port=0)
     client = client_lib.Client("127.0.0.1:%d" % server.port)
     try:
         for start in range(0, len(examples), 50):

@@ -15,7 +15,7 @@ from slimserve.estimator import schema
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.export import writer
-from slimserve.serving.core import manager as models
+from slimserve.serving.core import servable as servable_lib
 
 CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
@@ -37,7 +37,7 @@ def test_final_and_best_exports_exist_with_assets(trained_run, export_dir):
     assert os.path.exists(os.path.join(export_dir, "saved_model.pb"))
     labels = open(os.path.join(export_dir, "assets", signatures.LABELS_ASSET)).read()
     assert labels.splitlines()[:2] == ["0:0", "1:1"]
-    assert os.path.getsize(os.path.join(export_dir, models.WARMUP_PATH)) > 1000
+    assert os.path.getsize(os.path.join(export_dir, servable_lib.WARMUP_PATH)) > 1000
     best = os.path.join(trained_run, "export", "best")
     version = sorted(os.listdir(best))[-1]
     result = json.load(open(os.path.join(best, version, signatures.EXTRA_DIR, "eval_result.json")))

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from slimserve.estimator import schema
 from slimserve.serving.core import errors
-from slimserve.serving.core import manager as models
+from slimserve.serving.config import model_config
+from slimserve.serving.core import manager as manager_lib
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli, wait_until
 
 
@@ -115,7 +116,7 @@ def test_killed_conversion_never_leaves_a_finished_looking_shard(tmp_path):
 def test_killed_export_is_never_loaded_by_a_polling_server(trained_run, tmp_path):
     base = tmp_path / "models"
     base.mkdir()
-    manager = models.ModelManager([models.ServedModel("resnet", str(base))], warmup=True)
+    manager = manager_lib.ModelManager([model_config.ServedModel("resnet", str(base))], warmup=True)
     manager.start_polling(0.05)
     try:
         def temp_dir_exists():

@@ -19,10 +19,12 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.apis import regression_pb2
 
-from slimserve.serving.core import manager as models
+from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
+
+from slimserve.serving.core import version_policy  # pylint: disable=import-outside-toplevel
 from slimserve.serving import server as server_lib
 from tests import tiny_models
-from tests.helpers import wait_until
+from tests.helpers import serve_in_process, wait_until
 
 ROWS = [(1.0, 2.0), (-3.0, 0.5), (0.0, 0.0)]
 
@@ -38,10 +40,9 @@ def tiny_base(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_base, tmp_path_factory):
     socket_path = str(tmp_path_factory.mktemp("sock") / "grpc.sock")
-    instance = server_lib.ModelServer(
-        [models.ServedModel("tiny", tiny_base, models.VersionPolicy("all"), {"stable": 1})],
-        port=0, rest_api_port=0, poll_seconds=0, grpc_socket_path=socket_path,
-        enable_grpc_healthcheck_service=True).start()
+    instance = serve_in_process(
+        [model_config.ServedModel("tiny", tiny_base, version_policy.VersionPolicy("all"), {"stable": 1})],
+        rest_api_port=0, grpc_socket_path=socket_path, enable_grpc_healthcheck_service=True)
     yield instance
     instance.stop()
 
@@ -275,10 +276,8 @@ def test_reload_config_request_and_config_file_polling(tiny_base, tmp_path):
     config_file = tmp_path / "models.config"
     config_file.write_text(_model_config([("tiny", tiny_base)]))
     instance = server_lib.ModelServer(
-        models.served_models_from_proto(
-            server_lib.read_model_config_file(str(config_file)), "test"),
-        port=0, rest_api_port=0, poll_seconds=0, model_config_file=str(config_file),
-        model_config_file_poll_seconds=1).start()
+        port=server_lib.PICK_FREE_PORT, rest_api_port=0, file_system_poll_wait_seconds=0,
+        model_config_file=str(config_file), model_config_file_poll_wait_seconds=1).start()
     try:
         with grpc.insecure_channel("127.0.0.1:%d" % instance.port) as chan:
             predict = prediction_service_pb2_grpc.PredictionServiceStub(chan).Predict

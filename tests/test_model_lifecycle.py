@@ -13,12 +13,16 @@ import grpc
 import numpy as np
 import pytest
 
+from slimserve.serving.config import messages
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.core import errors
 from slimserve.serving.observability import metrics as metrics_lib
-from slimserve.serving.core import manager as models
-from slimserve.serving import server as server_lib
+from slimserve.serving.config import model_config
+from slimserve.serving.core import manager as manager_lib
+from slimserve.serving.core import servable as servable_lib
+from slimserve.serving.core import version_policy
 from tests import tiny_models
+from tests.helpers import serve_in_process
 
 NEVER_MICROS = 3600 * 1000 * 1000  # a retry interval no test outlives
 
@@ -72,7 +76,7 @@ def _metric_values(metrics, name):
 def _manager(configs, metrics=None, **kwargs):
     metrics = metrics or metrics_lib.Metrics()
     kwargs.setdefault("load_retry_interval_micros", NEVER_MICROS)
-    return models.ModelManager(configs, warmup=True, on_change=metrics.model_event,
+    return manager_lib.ModelManager(configs, warmup=True, on_change=metrics.model_event,
                                on_load=metrics.model_load, **kwargs)
 
 
@@ -87,14 +91,14 @@ EXPECTED_Y = tiny_models.expected_y([[1.0, 2.0]])[0]
     (set(), [1], [1]),  # nothing on disk any more: nothing to preserve
 ])
 def test_availability_preserving_unloads(aspired, available, unload):
-    assert models.versions_to_unload(aspired, available) == unload
+    assert version_policy.versions_to_unload(aspired, available) == unload
 
 
 def test_junk_successor_never_interrupts_serving_and_loads_once_fixed(tiny_source, tmp_path):
     base = tmp_path / "m"
     _copy_version(tiny_source, base, 1)
     metrics = metrics_lib.Metrics()
-    manager = _manager([models.ServedModel("m", str(base))], metrics)
+    manager = _manager([model_config.ServedModel("m", str(base))], metrics)
     try:
         manager.poll()
         assert _predict(manager) == (1, EXPECTED_Y)
@@ -131,7 +135,7 @@ def test_junk_successor_never_interrupts_serving_and_loads_once_fixed(tiny_sourc
 def test_version_copied_non_atomically_is_served_once_complete(tiny_source, tmp_path):
     base = tmp_path / "m"
     _copy_version(tiny_source, base, 1)
-    manager = _manager([models.ServedModel("m", str(base))], max_num_load_retries=0)
+    manager = _manager([model_config.ServedModel("m", str(base))], max_num_load_retries=0)
     try:
         manager.poll()
         partial = _copy_pb(tiny_source, base, 2)  # saved_model.pb first, as cp -r does
@@ -153,8 +157,8 @@ def test_failed_load_is_retried_max_num_load_retries_times(tiny_source, tmp_path
     base = tmp_path / "m"
     _copy_version(tiny_source, base, 1)
     attempts = []
-    manager = models.ModelManager(
-        [models.ServedModel("m", str(base))], max_num_load_retries=2,
+    manager = manager_lib.ModelManager(
+        [model_config.ServedModel("m", str(base))], max_num_load_retries=2,
         load_retry_interval_micros=-1,  # negative: retry without waiting, as TF Serving
         on_load=lambda name, version, path, ok, *_: attempts.append((version, ok)))
     try:
@@ -173,7 +177,7 @@ def test_broken_only_version_leaves_model_unavailable_not_crashed(tmp_path):
     base = tmp_path / "m"
     (base / "3").mkdir(parents=True)
     (base / "3" / "saved_model.pb").write_bytes(b"junk")
-    manager = _manager([models.ServedModel("m", str(base))])
+    manager = _manager([model_config.ServedModel("m", str(base))])
     try:
         manager.poll()
         with pytest.raises(errors.ServingError) as caught:
@@ -196,8 +200,8 @@ def test_models_load_in_parallel_with_num_load_threads(tiny_source, tmp_path):
             both_loading.wait()
             met.append(name)
 
-    manager = models.ModelManager(
-        [models.ServedModel(n, str(tmp_path / n)) for n in ("a", "b")], num_load_threads=2,
+    manager = manager_lib.ModelManager(
+        [model_config.ServedModel(n, str(tmp_path / n)) for n in ("a", "b")], num_load_threads=2,
         on_change=on_change)
     try:
         manager.poll()
@@ -212,12 +216,12 @@ def test_reload_loads_new_models_before_unloading_removed_ones(tiny_source, tmp_
     for version in (1, 2):
         _copy_version(tiny_source, tmp_path / "b", version)
     events = []
-    manager = models.ModelManager(
-        [models.ServedModel("a", str(tmp_path / "a"))],
+    manager = manager_lib.ModelManager(
+        [model_config.ServedModel("a", str(tmp_path / "a"))],
         on_change=lambda name, version, state, error: events.append((name, version, state)))
     try:
         manager.poll()
-        manager.reload([models.ServedModel("b", str(tmp_path / "b"))])
+        manager.reload([model_config.ServedModel("b", str(tmp_path / "b"))])
         assert manager.model_names == ["b"]
         assert events.index(("b", 2, "AVAILABLE")) < events.index(("a", 1, "UNLOADING"))
         assert _predict(manager, "b") == (2, EXPECTED_Y)
@@ -230,17 +234,17 @@ def test_reload_loads_new_models_before_unloading_removed_ones(tiny_source, tmp_
         (tmp_path / "c" / "1").mkdir(parents=True)
         (tmp_path / "c" / "1" / "saved_model.pb").write_bytes(b"junk")
         with pytest.raises(errors.ServingError) as caught:
-            manager.reload([models.ServedModel("b", str(tmp_path / "b")),
-                            models.ServedModel("c", str(tmp_path / "c"))])
+            manager.reload([model_config.ServedModel("b", str(tmp_path / "b")),
+                            model_config.ServedModel("c", str(tmp_path / "c"))])
         assert caught.value.code == grpc.StatusCode.UNKNOWN and "c" in caught.value.message
         assert manager.model_names == ["b"] and _predict(manager, "b")[0] == 2
 
         # a changed policy applies; a changed base path swaps once the new path loaded
-        manager.reload([models.ServedModel("b", str(tmp_path / "b"),
-                                           models.VersionPolicy("specific", versions=[1]))])
+        manager.reload([model_config.ServedModel("b", str(tmp_path / "b"),
+                                           version_policy.VersionPolicy("specific", versions=[1]))])
         assert manager.available_versions("b") == [1]
         _copy_version(tiny_source, tmp_path / "b2", 5)
-        manager.reload([models.ServedModel("b", str(tmp_path / "b2"))])
+        manager.reload([model_config.ServedModel("b", str(tmp_path / "b2"))])
         assert _predict(manager, "b") == (5, EXPECTED_Y)
         assert manager.status("b") == [(5, "AVAILABLE", "")]
     finally:
@@ -251,50 +255,44 @@ def test_version_labels_must_name_available_versions(tiny_source, tmp_path):
     for version in (1, 2):
         _copy_version(tiny_source, tmp_path / "m", version)
     base = str(tmp_path / "m")
-    every = models.VersionPolicy("all")
-    manager = models.ModelManager([models.ServedModel("m", base, every, {"stable": 1})])
+    every = version_policy.VersionPolicy("all")
+    manager = manager_lib.ModelManager([model_config.ServedModel("m", base, every, {"stable": 1})])
     try:
         manager.poll()
         assert _predict(manager, label="stable")[0] == 1
         with pytest.raises(errors.ServingError) as caught:
-            manager.reload([models.ServedModel("m", base, every, {"stable": 1, "canary": 7})])
+            manager.reload([model_config.ServedModel("m", base, every, {"stable": 1, "canary": 7})])
         assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "version 7 of model m" in caught.value.message
-        manager.reload([models.ServedModel("m", base, every, {"stable": 1, "canary": 2})])
+        manager.reload([model_config.ServedModel("m", base, every, {"stable": 1, "canary": 2})])
         assert _predict(manager, label="canary")[0] == 2
     finally:
         manager.stop()
 
-    lenient = models.ModelManager([models.ServedModel("m", base, every, {"stable": 1})],
+    lenient = manager_lib.ModelManager([model_config.ServedModel("m", base, every, {"stable": 1})],
                                   allow_version_labels_for_unavailable_models=True)
     try:
         lenient.poll()
-        lenient.reload([models.ServedModel("m", base, every, {"stable": 1, "next": 3})])
+        lenient.reload([model_config.ServedModel("m", base, every, {"stable": 1, "next": 3})])
         assert lenient.resolve_label("m", "next") == 3  # a new label may wait for its version
         with pytest.raises(errors.ServingError) as caught:
             lenient.acquire("m", label="next")
         assert caught.value.code == grpc.StatusCode.NOT_FOUND
         with pytest.raises(errors.ServingError) as caught:  # an existing one may not move there
-            lenient.reload([models.ServedModel("m", base, every, {"stable": 3})])
+            lenient.reload([model_config.ServedModel("m", base, every, {"stable": 3})])
         assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert _predict(lenient, label="stable")[0] == 1
     finally:
         lenient.stop()
 
 
-def _free_port():
-    import socket  # pylint: disable=import-outside-toplevel
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_server_reports_failed_version_over_grpc_and_prometheus(tiny_source, tmp_path):
     base = tmp_path / "m"
     _copy_version(tiny_source, base, 1)
-    server = server_lib.ModelServer(
-        [models.ServedModel("m", str(base))], port=0, rest_api_port=_free_port(),
-        poll_seconds=0, monitoring_path=metrics_lib.PATH).start()
+    server = serve_in_process(
+        [model_config.ServedModel("m", str(base))],
+        monitoring_config=messages.prometheus_monitoring(metrics_lib.PATH))
     try:
         (base / "2").mkdir()
         (base / "2" / "saved_model.pb").write_bytes(b"junk")
@@ -324,7 +322,7 @@ def _write_warmup(version_path, rows):
     request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(rows, np.float32)))
     log = prediction_log_pb2.PredictionLog(
         predict_log=prediction_log_pb2.PredictLog(request=request))
-    path = os.path.join(version_path, models.WARMUP_PATH)
+    path = os.path.join(version_path, servable_lib.WARMUP_PATH)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
         writer.write(log.SerializeToString())
@@ -333,7 +331,7 @@ def _write_warmup(version_path, rows):
 def test_servable_api_and_a_failing_warmup_keeps_a_version_out(tiny_source, tmp_path):
     good = _copy_version(tiny_source, tmp_path / "m", 1)
     _write_warmup(good, [[1.0, 2.0]])
-    servable = models.Servable.load(good)  # what export verification loads through
+    servable = servable_lib.Servable.load(good)  # what export verification loads through
     try:
         assert (servable.name, servable.version) == ("m", 1)
         name, sig = servable.signature("")
@@ -344,7 +342,7 @@ def test_servable_api_and_a_failing_warmup_keeps_a_version_out(tiny_source, tmp_
     finally:
         servable.retire()
 
-    manager = _manager([models.ServedModel("m", str(tmp_path / "m"))])
+    manager = _manager([model_config.ServedModel("m", str(tmp_path / "m"))])
     try:
         manager.poll()
         bad = _copy_version(tiny_source, tmp_path / "m", 2)

@@ -6,7 +6,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 
 import numpy as np
@@ -16,21 +15,17 @@ from tensorflow_serving.config import logging_config_pb2
 
 from slimserve.estimator import dataset
 from slimserve.export import warmup
+from slimserve.serving.config import messages
 from slimserve.serving.core import batching
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.tools import compare
-from slimserve.serving.core import manager as models
+from slimserve.serving.config import model_config
+from slimserve.serving.core import version_policy
 from slimserve.serving.observability import request_log
-from slimserve.serving import server as server_lib
 from slimserve.serving.core import servable as servable_lib
 from tests import tiny_models
-from tests.helpers import run_cli
+from tests.helpers import run_cli, serve_in_process
 
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _logging_config(prefix, rate=1.0):
@@ -54,9 +49,8 @@ def test_logged_traffic_of_both_apis_builds_the_next_versions_warmup(
     base = tmp_path / "models"
     shutil.copytree(export_dir, base / "1")
     prefix = str(tmp_path / "logs" / "resnet")
-    server = server_lib.ModelServer(
-        [models.ServedModel("resnet", str(base), logging_config=_logging_config(prefix))],
-        port=0, rest_api_port=_free_port(), poll_seconds=0).start()
+    server = serve_in_process(
+        [model_config.ServedModel("resnet", str(base), logging_config=_logging_config(prefix))])
     images, _ = dataset.read_images(digits_data, "validation", 6)
     try:
         client = client_lib.Client("127.0.0.1:%d" % server.port, retries=0)
@@ -92,11 +86,12 @@ def test_metrics_are_per_version_and_signature_with_queue_waits_and_log_counts(t
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base, 3)
     prefix = str(tmp_path / "logs" / "tiny")
-    server = server_lib.ModelServer(
-        [models.ServedModel("tiny", base, logging_config=_logging_config(prefix))], port=0,
-        rest_api_port=_free_port(), poll_seconds=0, warmup=False,
-        batching=batching.BatchingParameters(max_batch_size=4, batch_timeout_micros=1000),
-        monitoring_path="/metrics").start()
+    server = serve_in_process(
+        [model_config.ServedModel("tiny", base, logging_config=_logging_config(prefix))],
+        enable_model_warmup=False,
+        batching_parameters=batching.BatchingParameters(max_batch_size=4,
+                                                        batch_timeout_micros=1000),
+        monitoring_config=messages.prometheus_monitoring("/metrics"))
     try:
         client = client_lib.Client("127.0.0.1:%d" % server.port, model_name="tiny", retries=0)
         assert client.predict({"x": np.ones([2, 2], np.float32)})["y"].shape == (2, 1)
@@ -129,10 +124,9 @@ def test_status_page_over_http_and_in_headless_chromium(tmp_path):
     tiny_models.write_tiny_model(base, 1)
     os.makedirs(os.path.join(base, "2"))
     open(os.path.join(base, "2", "saved_model.pb"), "wb").write(b"junk <b>bold</b>")
-    server = server_lib.ModelServer([models.ServedModel("tiny<script>", base,
-                                                        models.VersionPolicy("all"))],
-                                    port=0, rest_api_port=_free_port(), poll_seconds=0,
-                                    warmup=False).start()
+    server = serve_in_process([model_config.ServedModel("tiny<script>", base,
+                                                  version_policy.VersionPolicy("all"))],
+                              enable_model_warmup=False)
     try:
         client = client_lib.Client("127.0.0.1:%d" % server.port, model_name="tiny<script>",
                                    version=1, retries=0)

@@ -27,21 +27,15 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.core import errors
-from slimserve.serving.core import manager as models
-from slimserve.serving import server as server_lib
+from slimserve.serving.config import model_config
 from slimserve.serving.core import tensors
 from tests import helpers
 from tests import tiny_models
+from tests.helpers import serve_in_process
 
 ROOT = helpers.ROOT
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
-
-def _free_port():
-    import socket  # pylint: disable=import-outside-toplevel
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +47,7 @@ def tiny_base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_base):
-    instance = server_lib.ModelServer(
-        [models.ServedModel("tiny", tiny_base)], port=0, rest_api_port=_free_port(),
-        poll_seconds=0).start()
+    instance = serve_in_process([model_config.ServedModel("tiny", tiny_base)])
     yield instance
     instance.stop()
 
@@ -160,9 +152,7 @@ def test_hostile_tensorproto_is_invalid_argument_and_server_keeps_serving(stub, 
 
 
 def test_request_element_limit_is_a_server_parameter(tiny_base):
-    small = server_lib.ModelServer([models.ServedModel("tiny", tiny_base)], port=0,
-                                   rest_api_port=_free_port(), poll_seconds=0,
-                                   max_request_elements=100).start()
+    small = serve_in_process([model_config.ServedModel("tiny", tiny_base)], max_request_elements=100)
     try:
         channel = grpc.insecure_channel("127.0.0.1:%d" % small.port)
         limited = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -298,9 +288,8 @@ def test_client_errors_carry_no_server_paths(tmp_path, caplog):
     base = tmp_path / "secret-dir" / "broken"
     (base / "1").mkdir(parents=True)
     (base / "1" / "saved_model.pb").write_bytes(b"this is not a SavedModel")
-    broken = server_lib.ModelServer([models.ServedModel("broken", str(base))], port=0,
-                                    rest_api_port=_free_port(), poll_seconds=0,
-                                    max_num_load_retries=1).start()
+    broken = serve_in_process([model_config.ServedModel("broken", str(base))],
+                              max_num_load_retries=1)
     try:
         channel = grpc.insecure_channel("127.0.0.1:%d" % broken.port)
         request = get_model_status_pb2.GetModelStatusRequest()

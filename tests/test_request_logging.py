@@ -14,7 +14,7 @@ from tensorflow_serving.apis import predict_pb2
 
 from slimserve.export import warmup
 from slimserve.serving.tools import compare
-from slimserve.serving.core import manager as models
+from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.observability import request_log
 from tests import tiny_models
 from tests.helpers import ROOT
@@ -128,8 +128,8 @@ def test_warmup_from_traffic_keeps_one_request_per_signature_and_shape(tmp_path)
     base = tmp_path / "models"
     path = tiny_models.write_tiny_model(str(base))
     os.makedirs(os.path.join(path, "assets.extra"))
-    warmup.write_warmup(os.path.join(path, models.WARMUP_PATH), records)
-    servable = models.Servable("tiny", 1, path)
+    warmup.write_warmup(os.path.join(path, servable_lib.WARMUP_PATH), records)
+    servable = servable_lib.Servable("tiny", 1, path)
     try:
         assert servable.warm_up() == len(records) == 3
     finally:

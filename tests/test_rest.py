@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import grpc
@@ -19,18 +18,13 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.core import batching
-from slimserve.serving.core import manager as models
-from slimserve.serving import server as server_lib
+from slimserve.serving.config import model_config
 from tests import tiny_models
+from tests.helpers import serve_in_process, start_server_process
 
 CONNECTION_LIMIT = 8
 MAX_BODY = 64 * 1024
 
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _write_int64_model(base_path):
@@ -60,11 +54,11 @@ def model_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dirs):
-    instance = server_lib.ModelServer(
-        [models.ServedModel(name, path) for name, path in model_dirs.items()], port=0,
-        rest_api_port=_free_port(), poll_seconds=0, warmup=False, rest_api_num_threads=4,
+    instance = serve_in_process(
+        [model_config.ServedModel(name, path) for name, path in model_dirs.items()],
+        enable_model_warmup=False, rest_api_num_threads=4,
         rest_connection_limit=CONNECTION_LIMIT, rest_max_body_bytes=MAX_BODY,
-        rest_api_enable_cors_support=True).start()
+        rest_api_enable_cors_support=True)
     yield instance
     instance.stop()
 
@@ -283,11 +277,11 @@ def test_idle_connections_never_lock_out_new_clients(server):
 @pytest.fixture(scope="module")
 def slow_server(model_dirs):
     """Batches wait 2 s for company, so every :predict outlives a 300 ms REST timeout."""
-    instance = server_lib.ModelServer(
-        [models.ServedModel("tiny", model_dirs["tiny"])], port=0, rest_api_port=_free_port(),
-        poll_seconds=0, warmup=False, rest_api_timeout_in_ms=300, rest_idle_timeout_seconds=1,
-        batching=batching.BatchingParameters(max_batch_size=1000,
-                                             batch_timeout_micros=2000000)).start()
+    instance = serve_in_process(
+        [model_config.ServedModel("tiny", model_dirs["tiny"])], enable_model_warmup=False,
+        rest_api_timeout_in_ms=300, rest_idle_timeout_seconds=1,
+        batching_parameters=batching.BatchingParameters(max_batch_size=1000,
+                                                        batch_timeout_micros=2000000))
     yield instance
     instance.stop()
 
@@ -309,9 +303,8 @@ def test_stop_waits_for_a_request_still_arriving(model_dirs):
     """stop() refuses new connections at once but answers a request whose first bytes
     came before it, and only then unloads the model (the http.server version returned at
     once and the late request found no model)."""
-    instance = server_lib.ModelServer(
-        [models.ServedModel("tiny", model_dirs["tiny"])], port=0, rest_api_port=_free_port(),
-        poll_seconds=0, warmup=False).start()
+    instance = serve_in_process([model_config.ServedModel("tiny", model_dirs["tiny"])],
+                                enable_model_warmup=False)
     body = json.dumps({"instances": [[1.0, 2.0]]}).encode()
     request = (b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
                b"\r\n%s" % (len(body), body))
@@ -369,17 +362,13 @@ def test_sigterm_answers_rest_and_grpc_requests_in_flight(tmp_path, export_dir, 
     params = tmp_path / "batching.config"
     params.write_text("max_batch_size { value: 64 }\nbatch_timeout_micros { value: 1500000 }\n"
                       "num_batch_threads { value: 1 }\n")
-    port, rest_port = _free_port(), _free_port()
-    process = subprocess.Popen(
-        ["prlimit", "--as=6000000000", sys.executable, "-m", "slimserve.cli.server",
-         "--port", str(port), "--rest_api_port", str(rest_port), "--model_name", "resnet",
-         "--model_base_path", str(base), "--enable_batching",
-         "--batching_parameters_file", str(params), "--file_system_poll_wait_seconds", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, port, rest_port = start_server_process(
+        ["--model_name", "resnet", "--model_base_path", base, "--enable_batching",
+         "--batching_parameters_file", params, "--file_system_poll_wait_seconds", "0"],
+        prefix=["prlimit", "--as=6000000000"])
     pool = concurrent.futures.ThreadPoolExecutor(6)
     half = None
     try:
-        assert "REST %d" % rest_port in process.stdout.readline(), process.stderr.read()
         folder = os.path.join(digits_dir, "3")
         images = []
         for name in sorted(os.listdir(folder))[:3]:

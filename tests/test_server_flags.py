@@ -20,16 +20,10 @@ from tensorflow_serving.apis import regression_pb2
 from slimserve.serving.core import batching
 from slimserve.serving import server as server_lib
 from tests import tiny_models
-from tests.helpers import ROOT
+from tests.helpers import ROOT, start_server_process
 
 TFSERVING = os.path.join(ROOT, "serving", "tfserving")
 
-
-def _free_port():
-    import socket  # pylint: disable=import-outside-toplevel
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _predict(channel, name="tiny"):
@@ -50,11 +44,8 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
                       'num_versions: 1 } } } }\n' % base)
     session = tmp_path / "session.config"
     session.write_text("allow_soft_placement: true\ngpu_options { allow_growth: true }\n")
-    port, rest_port = _free_port(), _free_port()
     socket_path = str(tmp_path / "grpc.sock")
     command = [
-        "prlimit", "--as=6000000000", sys.executable, "-m", "slimserve.cli.server",
-        "--port=%d" % port, "--rest_api_port=%d" % rest_port,
         "--model_config_file=%s" % config, "--model_config_file_poll_wait_seconds=60",
         "--file_system_poll_wait_seconds=1", "--enable_batching=true",
         "--batching_parameters_file=%s" % os.path.join(TFSERVING, "batching.config"),
@@ -73,11 +64,9 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
         "--enable_signature_method_name_check=true", "--saved_model_tags=serve",
         "--flush_filesystem_caches=true", "--enable_profiler=false",
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=ROOT)
+    process, port, rest_port = start_server_process(
+        command, prefix=["prlimit", "--as=6000000000"], cwd=ROOT)
     try:
-        line = process.stdout.readline()
-        assert "gRPC 127.0.0.1:%d" % port in line, process.stderr.read()
         expected = tiny_models.expected_y([(1.0, 2.0)])
         with grpc.insecure_channel("127.0.0.1:%d" % port) as channel:
             assert _predict(channel) == pytest.approx(expected)
@@ -108,7 +97,8 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
         errors = process.stderr.read()
         assert "--enable_profiler=False is accepted for TF Serving compatibility and has no " \
             "effect here" in errors
-        assert "--flush_filesystem_caches" in errors
+        # Given at its default value it changes nothing, so it is not reported.
+        assert "--flush_filesystem_caches" not in errors
     finally:
         if process.poll() is None:
             process.kill()
@@ -159,12 +149,12 @@ def test_bad_batching_file_names_flag_file_and_field(tmp_path, text, expected):
 def test_monitoring_config_as_tf_serving_reads_it(tmp_path, text, expected):
     path = tmp_path / "monitoring.config"
     path.write_text(text)
-    assert server_lib.parse_monitoring_config(str(path)) == expected
+    assert server_lib.read_monitoring_path(str(path)) == expected
 
 
 def test_bad_monitoring_config_names_the_field(tmp_path):
     path = tmp_path / "monitoring.config"
     path.write_text("prometheus_config { enable: true pth: \"/x\" }")
     with pytest.raises(ValueError) as caught:
-        server_lib.parse_monitoring_config(str(path))
+        server_lib.read_monitoring_path(str(path))
     assert "--monitoring_config_file" in str(caught.value) and '"pth"' in str(caught.value)

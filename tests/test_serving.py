@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,12 +23,12 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from slimserve.estimator import dataset
 from slimserve.export import signatures
 from slimserve.export import verify
+from slimserve.serving.config import messages
 from slimserve.serving.core import batching
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.observability import metrics
-from slimserve.serving.core import manager as models
-from slimserve.serving import server as server_lib
-from tests.helpers import wait_until
+from slimserve.serving.config import model_config
+from tests.helpers import serve_in_process, start_server_process, wait_until
 
 
 def _images(data_dir, count):
@@ -44,11 +45,11 @@ def base_path(tmp_path_factory, export_dir):
 
 @pytest.fixture(scope="module")
 def server(base_path):
-    instance = server_lib.ModelServer(
-        [models.ServedModel("resnet", base_path)], port=0, rest_api_port=_free_port(),
-        poll_seconds=0.2, batching=batching.BatchingParameters(max_batch_size=16,
-                                                               batch_timeout_micros=2000),
-        monitoring_path="/monitoring/prometheus/metrics").start()
+    instance = serve_in_process(
+        [model_config.ServedModel("resnet", base_path)], file_system_poll_wait_seconds=0.2,
+        batching_parameters=batching.BatchingParameters(max_batch_size=16,
+                                                        batch_timeout_micros=2000),
+        monitoring_config=messages.prometheus_monitoring("/monitoring/prometheus/metrics"))
     yield instance
     instance.stop()
 
@@ -60,12 +61,6 @@ def _rss_mb():
                 return int(line.split()[1]) / 1024.0
     raise AssertionError("no VmRSS")
 
-
-def _free_port():
-    import socket  # pylint: disable=import-outside-toplevel
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +184,8 @@ def test_rest_error_battery(server, case, path, body, status):
 
 
 def test_oversized_message_is_resource_exhausted(base_path, digits_data):
-    small = server_lib.ModelServer(
-        [models.ServedModel("resnet", base_path)], port=0, rest_api_port=0,
-        poll_seconds=0, grpc_options=[("grpc.max_receive_message_length", 64 * 1024)]).start()
+    small = serve_in_process([model_config.ServedModel("resnet", base_path)], rest_api_port=0,
+                             grpc_channel_arguments="grpc.max_receive_message_length=65536")
     try:
         client = client_lib.Client("127.0.0.1:%d" % small.port, retries=0)
         with pytest.raises(grpc.RpcError) as caught:
@@ -225,11 +219,11 @@ def test_200_concurrent_requests_with_batching_all_succeed(server, client, digit
 
 
 def test_full_queue_answers_unavailable_and_recovers(base_path, digits_data):
-    tight = server_lib.ModelServer(
-        [models.ServedModel("resnet", base_path)], port=0, rest_api_port=0, poll_seconds=0,
-        batching=batching.BatchingParameters(max_batch_size=1, batch_timeout_micros=0,
-                                             max_enqueued_batches=1, num_batch_threads=1)
-    ).start()
+    tight = serve_in_process(
+        [model_config.ServedModel("resnet", base_path)], rest_api_port=0,
+        batching_parameters=batching.BatchingParameters(
+            max_batch_size=1, batch_timeout_micros=0, max_enqueued_batches=1,
+            num_batch_threads=1))
     try:
         client = client_lib.Client("127.0.0.1:%d" % tight.port, retries=0)
         image = _images(digits_data, 1)
@@ -315,14 +309,10 @@ model_config_list {
   }
 }
 """ % base_path)
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "slimserve.cli.server", "--port", str(port), "--rest_api_port", "0",
-         "--model_config_file", str(config), "--file_system_poll_wait_seconds", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, port, _ = start_server_process(
+        ["--rest_api_port", "0", "--model_config_file", config,
+         "--file_system_poll_wait_seconds", "0"])
     try:
-        line = process.stdout.readline()
-        assert "gRPC 127.0.0.1:%d" % port in line, process.stderr.read()
         client = client_lib.Client("127.0.0.1:%d" % port, model_name="digits",
                                    version_label="stable")
         assert client.predict_images(_images(digits_data, 2))["classes"].shape == (2,)
@@ -354,11 +344,13 @@ def _invalid_count(server):
 
 
 def test_client_retries_unavailable_only(server):
-    nowhere = client_lib.Client("127.0.0.1:%d" % _free_port(), retries=2, backoff_seconds=0.1,
-                                timeout=5)
-    started = time.time()
-    with pytest.raises(grpc.RpcError) as caught:
-        nowhere.predict_images([b"x"])
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        nowhere = client_lib.Client("127.0.0.1:%d" % bound.getsockname()[1], retries=2,
+                                    backoff_seconds=0.1, timeout=5)
+        started = time.time()
+        with pytest.raises(grpc.RpcError) as caught:
+            nowhere.predict_images([b"x"])
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert time.time() - started >= 0.3  # waited 0.1 + 0.2 between three attempts
     retrying = client_lib.Client("127.0.0.1:%d" % server.port, retries=3, backoff_seconds=0.1)

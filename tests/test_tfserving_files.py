@@ -4,7 +4,7 @@ import os
 import subprocess
 
 from slimserve.serving.core import batching
-from slimserve.serving.core import manager as models
+from slimserve.serving.config import model_config
 from slimserve.serving import server
 from tests.helpers import ROOT
 
@@ -12,7 +12,7 @@ CONFIG = os.path.join(ROOT, "serving", "tfserving")
 
 
 def test_models_config_is_a_valid_model_server_config():
-    (config,) = models.parse_model_config_file(os.path.join(CONFIG, "models.config"))
+    (config,) = model_config.parse_model_config_file(os.path.join(CONFIG, "models.config"))
     assert (config.name, config.base_path) == ("resnet", "/models/resnet")
     assert config.policy.select([1, 2, 3]) == {2, 3}
 
@@ -21,7 +21,7 @@ def test_batching_and_monitoring_configs_parse():
     params = batching.BatchingParameters.from_file(os.path.join(CONFIG, "batching.config"))
     assert (params.max_batch_size, params.batch_timeout_micros, params.num_batch_threads) == (
         8, 2000, 2)
-    assert server.parse_monitoring_config(os.path.join(CONFIG, "monitoring.config")) == \
+    assert server.read_monitoring_path(os.path.join(CONFIG, "monitoring.config")) == \
         "/monitoring/prometheus/metrics"
 
 

@@ -19,10 +19,11 @@ from cryptography.x509.oid import NameOID
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from slimserve.serving.core import manager as models
-from slimserve.serving import server as server_lib
+from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
 from slimserve.serving.api import tls
+from slimserve.serving.config import files as config_files
 from tests import tiny_models
+from tests.helpers import serve_in_process
 
 
 def _key():
@@ -87,18 +88,10 @@ def server(pki, tmp_path_factory):
     _, _, config = pki
     base = str(tmp_path_factory.mktemp("tls") / "tiny")
     tiny_models.write_tiny_model(base, 1)
-    instance = server_lib.ModelServer(
-        [models.ServedModel("tiny", base)], port=0, rest_api_port=_free_port(),
-        poll_seconds=0, ssl_config=tls.load_ssl_config(config)).start()
+    instance = serve_in_process([model_config.ServedModel("tiny", base)], ssl_config_file=config)
     yield instance
     instance.stop()
 
-
-def _free_port():
-    import socket  # pylint: disable=import-outside-toplevel
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _predict(channel):
@@ -159,5 +152,5 @@ def test_bad_ssl_configs_name_the_file_and_field(tmp_path, pki):
         path = tmp_path / ("%s.config" % case.replace(" ", "_"))
         path.write_text(text)
         with pytest.raises(ValueError) as caught:
-            tls.load_ssl_config(str(path))
+            tls.check_ssl_config(config_files.read_ssl_config(str(path)), "--ssl_config_file %s" % path)
         assert expected in str(caught.value) and str(path) in str(caught.value), case

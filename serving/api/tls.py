@@ -14,25 +14,20 @@ import tempfile
 
 import grpc
 
-from slimserve.serving.config import messages as config_protos
 
-FLAG = "ssl_config_file"
-
-
-def load_ssl_config(path):
-    """Parses and checks the file; errors name the flag, the file and the field."""
-    config = config_protos.parse_text_file(path, config_protos.SSLConfig, FLAG)
+def check_ssl_config(config, where="--ssl_config_file"):
+    """Checks an SSLConfig (config/files.py reads the file); errors name `where` (the flag
+    and file) and the field. Returns the config."""
     for field in ("server_key", "server_cert"):
         if not getattr(config, field).strip():
-            raise ValueError("--%s %s: %s is empty (it holds the PEM text itself)"
-                             % (FLAG, path, field))
+            raise ValueError("%s: %s is empty (it holds the PEM text itself)" % (where, field))
     if config.client_verify and not config.custom_ca.strip():
-        raise ValueError("--%s %s: client_verify needs custom_ca, the CA that signs the "
-                         "client certificates" % (FLAG, path))
+        raise ValueError("%s: client_verify needs custom_ca, the CA that signs the client "
+                         "certificates" % where)
     try:  # a wrong key, certificate or CA fails here, naming the file, not at first request
         server_ssl_context(config)
     except (ssl.SSLError, ValueError) as error:
-        raise ValueError("--%s %s: %s" % (FLAG, path, error)) from None
+        raise ValueError("%s: %s" % (where, error)) from None
     return config
 
 

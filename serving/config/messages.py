@@ -11,7 +11,6 @@ that ships the same messages cannot clash with them.
 from google.protobuf import descriptor_pb2
 from google.protobuf import descriptor_pool
 from google.protobuf import message_factory
-from google.protobuf import text_format
 from google.protobuf import wrappers_pb2
 
 _PACKAGE = "tensorflow.serving"
@@ -85,12 +84,7 @@ MonitoringConfig = _CLASSES["MonitoringConfig"]
 SSLConfig = _CLASSES["SSLConfig"]
 
 
-def parse_text_file(path, message_class, flag):
-    """Reads a text-format file into a new `message_class`; errors name the flag and file."""
-    message = message_class()
-    try:
-        with open(path) as handle:
-            text_format.Parse(handle.read(), message)
-    except (OSError, UnicodeDecodeError, text_format.ParseError) as error:
-        raise ValueError("--%s %s: %s" % (flag, path, error)) from None
-    return message
+def prometheus_monitoring(path):
+    """A MonitoringConfig that serves Prometheus metrics at `path` (what a
+    --monitoring_config_file with `prometheus_config { enable: true path: ... }` holds)."""
+    return MonitoringConfig(prometheus_config=PrometheusConfig(enable=True, path=path))

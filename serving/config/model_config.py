@@ -1,8 +1,6 @@
 """The models a server serves: name, base path, version policy and version labels, from
 TF Serving's text-format ModelServerConfig (--model_config_file, ReloadConfigRequest)."""
-from google.protobuf import text_format
-from tensorflow_serving.config import model_server_config_pb2
-
+from slimserve.serving.config import files
 from slimserve.serving.core.version_policy import VersionPolicy
 
 
@@ -48,11 +46,5 @@ def served_models_from_proto(config, where):
 
 def parse_model_config_file(path):
     """TF Serving's text-format ModelServerConfig file -> [ServedModel]."""
-    where = "--model_config_file %s" % path
-    config = model_server_config_pb2.ModelServerConfig()
-    try:
-        with open(path) as handle:
-            text_format.Parse(handle.read(), config)
-    except (OSError, text_format.ParseError) as error:
-        raise ValueError("%s: %s" % (where, error)) from None
-    return served_models_from_proto(config, where)
+    return served_models_from_proto(files.read_model_server_config(path),
+                                    "--model_config_file %s" % path)

@@ -15,7 +15,7 @@ import time
 import grpc
 import numpy as np
 
-from slimserve.serving.config import messages as config_protos
+from slimserve.serving.config import files
 from slimserve.serving.core import errors
 
 
@@ -27,13 +27,17 @@ class BatchingParameters:
     num_batch_threads: int = 2
 
     @classmethod
-    def from_file(cls, path):
-        """Reads TF Serving's text-format BatchingParameters (`max_batch_size { value: 32 }`).
+    def from_file(cls, path, flag="batching_parameters_file"):
+        """TF Serving's text-format BatchingParameters file (read by config/files.py)."""
+        return cls.from_proto(files.read_batching_parameters(path, flag),
+                              "--%s %s" % (flag, path))
 
-        Fields the file leaves out keep our defaults; fields TF Serving has but this
+    @classmethod
+    def from_proto(cls, proto, where="--batching_parameters_file"):
+        """From TF Serving's BatchingParameters message (config/files.py reads the file).
+
+        Fields the message leaves out keep our defaults; fields TF Serving has but this
         batcher does not implement are accepted and logged as having no effect."""
-        proto = config_protos.parse_text_file(path, config_protos.BatchingParameters,
-                                              "batching_parameters_file")
         params = cls()
         for field in dataclasses.fields(cls):
             if proto.HasField(field.name):
@@ -41,15 +45,16 @@ class BatchingParameters:
         ignored = sorted(f.name for f, _ in proto.ListFields()
                          if f.name not in {d.name for d in dataclasses.fields(cls)})
         if ignored:
-            logging.warning("--batching_parameters_file %s: %s have no effect here", path,
-                            ", ".join(ignored))
-        if params.max_batch_size < 1 or params.num_batch_threads < 1:
-            raise ValueError("--batching_parameters_file %s: max_batch_size and "
-                             "num_batch_threads must be >= 1" % path)
-        if params.batch_timeout_micros < 0 or params.max_enqueued_batches < 1:
-            raise ValueError("--batching_parameters_file %s: batch_timeout_micros must be "
-                             ">= 0 and max_enqueued_batches >= 1" % path)
+            logging.warning("%s: %s have no effect here", where, ", ".join(ignored))
+        params.check(where)
         return params
+
+    def check(self, where="batching parameters"):
+        if self.max_batch_size < 1 or self.num_batch_threads < 1:
+            raise ValueError("%s: max_batch_size and num_batch_threads must be >= 1" % where)
+        if self.batch_timeout_micros < 0 or self.max_enqueued_batches < 1:
+            raise ValueError("%s: batch_timeout_micros must be >= 0 and max_enqueued_batches "
+                             ">= 1" % where)
 
 
 class _Task:

@@ -22,44 +22,13 @@ import grpc
 import tensorflow as tf
 
 from slimserve.serving.core import errors
-from slimserve.serving.config.model_config import (  # noqa: F401 (API)
-    ServedModel, parse_model_config_file, served_models_from_proto)
-from slimserve.serving.core.servable import WARMUP_PATH, Servable  # noqa: F401 (API)
-from slimserve.serving.core.version_policy import VersionPolicy, versions_to_unload  # noqa: F401 (API)
+from slimserve.serving.core.servable import WARMUP_PATH, Servable
+from slimserve.serving.core.version_dirs import list_version_dirs, version_fingerprint
+from slimserve.serving.core.version_policy import versions_to_unload
 
 LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
 STATES = ("START", LOADING, AVAILABLE, UNLOADING, END)
 DEFAULT_LOAD_RETRY_INTERVAL_MICROS = 60 * 1000 * 1000  # TF Serving's default: 1 minute
-
-
-def list_version_dirs(base_path):
-    """{version: path} of integer-named sub-directories holding a saved_model.pb."""
-    if not tf.io.gfile.isdir(base_path):
-        return {}
-    found = {}
-    for name in tf.io.gfile.listdir(base_path):
-        name = name.rstrip("/")
-        if name.isdigit():
-            path = os.path.join(base_path, name)
-            if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
-                found[int(name)] = path
-    return found
-
-
-def version_fingerprint(path):
-    """(relative name, size, mtime) of every file under a version directory: what tells
-    that a version which failed to load has changed since (e.g. a copy completed)."""
-    entries = []
-    for root, dirs, files in tf.io.gfile.walk(path):
-        for name in list(dirs) + list(files):
-            full = os.path.join(root, name)
-            relative = os.path.relpath(full, path)
-            try:
-                stat = tf.io.gfile.stat(full)
-                entries.append((relative, stat.length, stat.mtime_nsec))
-            except tf.errors.NotFoundError:  # removed while we walked: still a change
-                entries.append((relative, -1, -1))
-    return tuple(sorted(entries))
 
 
 def _describe(error):

@@ -26,7 +26,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve.serving.core import errors
-from slimserve.serving.core import manager as models
+from slimserve.serving.core import servable as servable_lib
+from slimserve.serving.core import version_dirs
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 _SHARD_RE = re.compile(r"^(.*/)?[A-Za-z0-9_]+-\d{5}-of-\d{5}$")
@@ -43,7 +44,7 @@ class BulkPredictError(ValueError):
 
 def model_path(base_path, version=None):
     """(version, path) of `--model_version`, or of the newest complete version."""
-    found = models.list_version_dirs(base_path)
+    found = version_dirs.list_version_dirs(base_path)
     if not found:
         raise BulkPredictError("--model_base_path %s holds no version directory with a "
                                "saved_model.pb" % base_path)
@@ -147,7 +148,7 @@ class ImageClassifier:
     def __init__(self, path, version=0, model_name="resnet",
                  signature_name="serving_default", top_k=5, prediction_log=False,
                  session_config=None):
-        self.servable = models.Servable(model_name, version, path, session_config)
+        self.servable = servable_lib.Servable(model_name, version, path, session_config)
         self.signature_name, self.signature = self.servable.signature(signature_name)
         if len(self.signature.inputs) != 1:
             raise BulkPredictError("signature %s of %s takes %s; bulk inference needs one "

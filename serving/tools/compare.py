@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from slimserve.serving.core import errors
-from slimserve.serving.core import manager as models
+from slimserve.serving.core import servable as servable_lib
+from slimserve.serving.core import version_dirs
 from slimserve.serving.core import tensors
 
 # Output keys read for the class decision and for the probabilities, in order of
@@ -26,7 +27,7 @@ def resolve_model_dir(path):
     """A SavedModel directory, or a base path whose newest integer version is used."""
     if tf.io.gfile.exists(tf.io.gfile.join(path, "saved_model.pb")):
         return path
-    versions = models.list_version_dirs(path)
+    versions = version_dirs.list_version_dirs(path)
     if not versions:
         raise ValueError("%s is neither a SavedModel directory nor a base path with an "
                          "integer version holding saved_model.pb" % path)
@@ -73,8 +74,8 @@ def _key(value):
 
 def compare(logs, baseline_dir, candidate_dir, session_config=None, progress=None):
     """Replays `logs` (PredictionLog) against both models; returns the report dict."""
-    baseline = models.Servable("baseline", 0, resolve_model_dir(baseline_dir), session_config)
-    candidate = models.Servable("candidate", 0, resolve_model_dir(candidate_dir),
+    baseline = servable_lib.Servable("baseline", 0, resolve_model_dir(baseline_dir), session_config)
+    candidate = servable_lib.Servable("candidate", 0, resolve_model_dir(candidate_dir),
                                 session_config)
     latencies = {"baseline": [], "candidate": []}
     agree = total = skipped = 0

@@ -1,0 +1,74 @@
+"""The one reader of TF Serving's text-format config files.
+
+Every `--*_file` flag (model config, batching parameters, monitoring, SSL, session config)
+is read here, once, by protobuf's own text_format into TF Serving's message, so a file the
+real tensorflow_model_server accepts parses the same way and a bad one fails the same way:
+with TF Serving's wording (`Error parsing text-format tensorflow.serving.ModelServerConfig:
+1:1: ...`, what its log shows and what log matching looks for), behind the flag and the file
+at fault. Files are bounded in size before they are read.
+"""
+from google.protobuf import text_format
+from tensorflow.core.protobuf import config_pb2
+from tensorflow_serving.config import model_server_config_pb2
+
+from slimserve.serving.config import messages
+
+# No TF Serving config is anywhere near this; a larger file is refused before it is read.
+MAX_CONFIG_BYTES = 64 << 20
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or parsed; the message names flag, file and why."""
+
+
+def parse_text(text, message_class, where):
+    """Text-format `text` -> a new `message_class`; `where` names the source in errors."""
+    message = message_class()
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as error:
+        position = ""
+        if error.GetLine() is not None:
+            position = "%d:%d: " % (error.GetLine(), error.GetColumn() or 0)
+        detail = str(error).split(" : ", 1)[-1] if " : " in str(error) else str(error)
+        raise ConfigError("%s: Error parsing text-format %s: %s%s" % (
+            where, message_class.DESCRIPTOR.full_name, position, detail)) from None
+    return message
+
+
+def read_text(path, message_class, flag):
+    """The text-format file at `path` (given by --`flag`) as a `message_class`."""
+    where = "--%s %s" % (flag, path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ConfigError("%s: %s" % (where, error.strerror or error)) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("%s: larger than %d bytes; not a TF Serving config file"
+                          % (where, MAX_CONFIG_BYTES))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError("%s: not UTF-8 text (%s)" % (where, error)) from None
+    return parse_text(text, message_class, where)
+
+
+def read_model_server_config(path, flag="model_config_file"):
+    return read_text(path, model_server_config_pb2.ModelServerConfig, flag)
+
+
+def read_batching_parameters(path, flag="batching_parameters_file"):
+    return read_text(path, messages.BatchingParameters, flag)
+
+
+def read_monitoring_config(path, flag="monitoring_config_file"):
+    return read_text(path, messages.MonitoringConfig, flag)
+
+
+def read_ssl_config(path, flag="ssl_config_file"):
+    return read_text(path, messages.SSLConfig, flag)
+
+
+def read_session_config(path, flag="tensorflow_session_config_file"):
+    return read_text(path, config_pb2.ConfigProto, flag)

@@ -1,0 +1,183 @@
+"""tensorflow_model_server's command line as one object, as TF Serving's Server::Options.
+
+Every field of `ServerOptions` is named, typed and defaulted exactly as the flag of
+`slimserve-server` it stands for, and carries that flag's help text: slimserve/cli/server.py
+defines its flags from these fields, so the command line and the library cannot drift.
+Fields marked `slimserve only` are flags TF Serving lacks. The last group holds the parsed
+form of a `*_file` flag, for in-process use (tests, the demo, benchmarks); give one or the
+other.
+
+    options = ServerOptions(model_name="resnet", model_base_path="/models/resnet",
+                            port=PICK_FREE_PORT, rest_api_port=PICK_FREE_PORT)
+    server = ModelServer(options).start()     # server.port, server.rest_api_port
+"""
+import dataclasses
+import os
+import typing
+
+from slimserve.serving.core import tensors
+
+# A port of -1 binds any free port; the server reports the one it got (ModelServer.port,
+# .rest_api_port). 0 keeps TF Serving's meaning: that API is off.
+PICK_FREE_PORT = -1
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+    os.cpu_count() or 1)
+
+
+def _flag(default, help_text, lower_bound=None, slimserve_only=False, no_effect=False):
+    """A field that is also a command-line flag."""
+    return dataclasses.field(default=default, metadata={
+        "help": help_text, "lower_bound": lower_bound, "slimserve_only": slimserve_only,
+        "no_effect": no_effect})
+
+
+def _parsed(help_text):
+    """An in-process-only field: the parsed message of a *_file flag."""
+    return dataclasses.field(default=None, metadata={"help": help_text, "in_process": True})
+
+
+@dataclasses.dataclass
+class ServerOptions:
+    """The server's configuration; see the module docstring."""
+    # --- gRPC -----------------------------------------------------------------------------
+    port: int = _flag(8500, "gRPC port (0: no TCP gRPC, which then needs --grpc_socket_path, "
+                      "as in TF Serving).", lower_bound=PICK_FREE_PORT)
+    grpc_socket_path: str = _flag("", "If non-empty, also serve gRPC on this UNIX socket "
+                                  "(relative or absolute).")
+    grpc_channel_arguments: str = _flag("", "Comma-separated key=value gRPC server arguments, "
+                                        "e.g. grpc.max_receive_message_length=4194304.")
+    grpc_max_threads: int = _flag(32, "Threads serving gRPC requests (TF Serving: 4 x CPUs).",
+                                  lower_bound=1)
+    enable_grpc_healthcheck_service: bool = _flag(
+        False, "Serve the standard grpc.health.v1 Health service.")
+    ssl_config_file: str = _flag("", "Text-format SSLConfig (server_key, server_cert, "
+                                 "custom_ca, client_verify: PEM texts inline): TLS on gRPC "
+                                 "and on REST.")
+    use_alts_credentials: bool = _flag(False, "Google ALTS credentials (no effect here).",
+                                       no_effect=True)
+    bind_address: str = _flag("127.0.0.1", "Address both APIs bind (TF Serving binds "
+                              "0.0.0.0).", slimserve_only=True)
+    # --- REST -----------------------------------------------------------------------------
+    rest_api_port: int = _flag(8501, "REST port (0: no REST API; TF Serving's default is 0). "
+                               "Must differ from --port.", lower_bound=PICK_FREE_PORT)
+    rest_api_num_threads: int = _flag(4 * CPUS, "Threads processing REST requests (default "
+                                      "4 x CPUs, as TF Serving).", lower_bound=1)
+    rest_api_timeout_in_ms: int = _flag(30000, "Timeout for REST API calls.", lower_bound=1)
+    rest_api_enable_cors_support: bool = _flag(False, "Send CORS headers in REST responses.")
+    rest_max_body_bytes: int = _flag(64 * 2 ** 20, "Larger REST bodies get 413 before they "
+                                     "are read.", lower_bound=1, slimserve_only=True)
+    rest_connection_limit: int = _flag(256, "Open REST connections; past it the "
+                                       "longest-idle are closed.", lower_bound=1,
+                                       slimserve_only=True)
+    rest_idle_timeout_seconds: int = _flag(30, "Close a REST connection idle this long.",
+                                           lower_bound=1, slimserve_only=True)
+    rest_read_timeout_seconds: int = _flag(60, "Drop a REST request not fully received this "
+                                           "long after its first byte.", lower_bound=1,
+                                           slimserve_only=True)
+    # --- models ---------------------------------------------------------------------------
+    model_name: str = _flag("resnet", "Name of the model at --model_base_path (TF Serving's "
+                            "default: 'default').")
+    model_base_path: str = _flag("", "Folder of integer version sub-folders.")
+    model_config_file: str = _flag("", "Text-format ModelServerConfig (several models).")
+    model_config_file_poll_wait_seconds: int = _flag(
+        0, "Seconds between re-reads of --model_config_file; a changed file is applied (new "
+        "models load before old ones unload). 0: read once.", lower_bound=0)
+    file_system_poll_wait_seconds: float = _flag(
+        1, "Seconds between scans of the base paths for new versions (0: once).",
+        lower_bound=0)
+    allow_version_labels_for_unavailable_models: bool = _flag(
+        False, "Allow assigning a version label to a version that is not yet available.")
+    saved_model_tags: str = _flag("", "Comma-separated tags of the MetaGraphDef to load "
+                                  "(empty: serve).")
+    num_load_threads: int = _flag(0, "Threads loading models; >1 loads different models in "
+                                  "parallel (0: serially).", lower_bound=0)
+    num_unload_threads: int = _flag(0, "Threads unloading servables (no effect here).",
+                                    no_effect=True)
+    max_num_load_retries: int = _flag(5, "Retries after the first failed load of a version "
+                                      "before giving up until its files change (0: one "
+                                      "attempt).", lower_bound=0)
+    load_retry_interval_micros: int = _flag(
+        60 * 1000 * 1000, "Interval in microseconds between load retries of a failed version "
+        "(negative: no wait). Default: 1 minute, as TF Serving.")
+    flush_filesystem_caches: bool = _flag(True, "Flush file-system caches after loads (no "
+                                          "effect here).", no_effect=True)
+    enable_model_warmup: bool = _flag(True, "Replay assets.extra/tf_serving_warmup_requests "
+                                      "before serving a version.")
+    num_request_iterations_for_warmup: int = _flag(
+        0, "Times each warmup request is replayed (no effect here: once).", no_effect=True)
+    enable_signature_method_name_check: bool = _flag(
+        False, "Require Classify / Regress signatures to have the classify / regress "
+        "method_name (and Predict one of predict, classify, regress).")
+    remove_unused_fields_from_bundle_metagraph: bool = _flag(True, "(no effect here)",
+                                                             no_effect=True)
+    # --- batching -------------------------------------------------------------------------
+    enable_batching: bool = _flag(False, "Batch concurrent requests server-side.")
+    batching_parameters_file: str = _flag("", "Text-format BatchingParameters "
+                                          "(max_batch_size { value: 8 } ...).")
+    enable_per_model_batching_parameters: bool = _flag(
+        False, "Per-model batching_params.pbtxt (no effect here).", no_effect=True)
+    # --- TensorFlow session ---------------------------------------------------------------
+    tensorflow_session_parallelism: int = _flag(
+        0, "Threads for both of TF's pools, unless the two below are given.", lower_bound=0)
+    tensorflow_intra_op_parallelism: int = _flag(0, "Threads inside ops (0: TF's).",
+                                                 lower_bound=0)
+    tensorflow_inter_op_parallelism: int = _flag(0, "Concurrent ops (0: TF's).",
+                                                 lower_bound=0)
+    tensorflow_session_config_file: str = _flag(
+        "", "Text-format tensorflow.ConfigProto for the model sessions.")
+    per_process_gpu_memory_fraction: float = _flag(
+        0.0, "Fraction of GPU memory each process takes (0: TF's default).")
+    mixed_precision: str = _flag("", "Mixed precision mode (no effect here).", no_effect=True)
+    xla_cpu_compilation_enabled: bool = _flag(False, "XLA:CPU JIT (no effect here).",
+                                              no_effect=True)
+    max_request_elements: int = _flag(
+        tensors.DEFAULT_MAX_REQUEST_ELEMENTS, "Elements one Predict request may carry, summed over "
+        "its inputs (gRPC and REST); more is INVALID_ARGUMENT. Default 2^26: 256 MiB of "
+        "float32.", lower_bound=1, slimserve_only=True)
+    max_broadcast_elements: int = _flag(
+        tensors.DEFAULT_MAX_BROADCAST_ELEMENTS, "Largest tensor a TensorProto may fill from fewer "
+        "values than its shape has elements (TF's rule: last value repeated, zeros when "
+        "none).", lower_bound=0, slimserve_only=True)
+    # --- other runtimes and services ------------------------------------------------------
+    monitoring_config_file: str = _flag("", "Text-format MonitoringConfig: prometheus_config "
+                                        "{ enable: true path: ... }.")
+    platform_config_file: str = _flag("", "PlatformConfigMap (no effect here).",
+                                      no_effect=True)
+    prefer_tflite_model: bool = _flag(False, "Serve model.tflite (no effect here).",
+                                      no_effect=True)
+    num_tflite_pools: int = _flag(CPUS, "TFLite interpreter pools (no effect here).",
+                                  no_effect=True)
+    num_tflite_interpreters_per_pool: int = _flag(
+        1, "TFLite interpreters per pool (no effect here).", no_effect=True)
+    enable_profiler: bool = _flag(True, "Profiler service (no effect here).", no_effect=True)
+    thread_pool_factory_config_file: str = _flag("", "ThreadPoolConfig (no effect here).",
+                                                 no_effect=True)
+    skip_initialize_tpu: bool = _flag(False, "Skip TPU initialisation (no effect here).",
+                                      no_effect=True)
+    # --- in process only: the parsed form of a *_file flag (give one or the other) -------
+    model_server_config: typing.Any = _parsed(
+        "A ModelServerConfig message (or a list of config.model_config.ServedModel) instead "
+        "of --model_config_file / --model_base_path.")
+    batching_parameters: typing.Any = _parsed(
+        "core.batching.BatchingParameters instead of --batching_parameters_file (implies "
+        "--enable_batching).")
+    monitoring_config: typing.Any = _parsed("A MonitoringConfig message instead of "
+                                            "--monitoring_config_file.")
+    ssl_config: typing.Any = _parsed("An SSLConfig message instead of --ssl_config_file.")
+    session_config: typing.Any = _parsed("A tensorflow.ConfigProto instead of "
+                                         "--tensorflow_session_config_file.")
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def flag_fields():
+    """The fields that are command-line flags, in definition order."""
+    return [f for f in dataclasses.fields(ServerOptions) if not f.metadata.get("in_process")]
+
+
+def changed_without_effect(options):
+    """[(flag, value)] of flags TF Serving honours that this server accepts without effect,
+    set to something other than their default."""
+    return [(f.name, getattr(options, f.name)) for f in flag_fields()
+            if f.metadata["no_effect"] and getattr(options, f.name) != f.default]
