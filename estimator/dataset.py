@@ -35,7 +35,6 @@ import unicodedata
 from slimserve.estimator import image_files
 from slimserve.estimator import schema
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
 PARTIAL_DIR = ".partial"
 _OUTPUT_RE = re.compile(r"^(train|validation)-\d{5}-of-\d{5}$")
 

@@ -1,29 +1,11 @@
-"""The tf.Example feature keys (slim / TF models convention), written and parsed here only."""
+"""tf.Example records and labels.txt files as TensorFlow writes and parses them. The names
+themselves (feature keys, splits, shard names, the labels.txt format) are the project's
+conventions, defined once in slimserve/conventions.py and re-exported here."""
 import tensorflow as tf
 
-ENCODED = "image/encoded"
-FORMAT = "image/format"
-LABEL = "image/class/label"
-TEXT = "image/class/text"
-HEIGHT = "image/height"
-WIDTH = "image/width"
-CHANNELS = "image/channels"
-FILENAME = "image/filename"
-
-TRAIN = "train"
-VALIDATION = "validation"
-SPLITS = (TRAIN, VALIDATION)
-LABELS_FILE = "labels.txt"
-INFO_FILE = "dataset_info.json"
-
-
-def shard_name(split, index, num_shards):
-    """`train-00003-of-00010`: the names every TF input pipeline expects."""
-    return "%s-%05d-of-%05d" % (split, index, num_shards)
-
-
-def shard_pattern(data_dir, split):
-    return "%s/%s-*-of-*" % (data_dir.rstrip("/"), split)
+from slimserve.conventions import (  # noqa: F401  (re-exported: the data set's vocabulary)
+    CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, INFO_FILE, LABEL, LABELS_FILE, SPLITS, TEXT,
+    TRAIN, VALIDATION, WIDTH, format_labels, parse_labels, shard_name, shard_pattern)
 
 
 def _bytes(value):
@@ -62,23 +44,10 @@ def feature_spec(with_label=True):
 
 def read_labels(path):
     """Reads `id:name` lines into a list indexed by id; errors name the line."""
-    names = {}
     with tf.io.gfile.GFile(path) as handle:
-        for number, line in enumerate(handle, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            key, sep, name = line.partition(":")
-            if not sep or not key.strip().isdigit():
-                raise ValueError("%s:%d: expected 'id:name', got %r" % (path, number, line))
-            names[int(key)] = name
-    if sorted(names) != list(range(len(names))):
-        raise ValueError("%s: label ids must be 0..N-1 without gaps, got %s"
-                         % (path, sorted(names)))
-    return [names[i] for i in range(len(names))]
+        return parse_labels(handle, path)
 
 
 def write_labels(path, names):
     with tf.io.gfile.GFile(path, "w") as handle:
-        for index, name in enumerate(names):
-            handle.write("%d:%s\n" % (index, name))
+        handle.write(format_labels(names))

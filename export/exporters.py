@@ -2,7 +2,7 @@
 
 Estimator's own FinalExporter/BestExporter can only export one receiver's
 signatures under names like `alt:output`, and BestExporter compares eval loss;
-these keep the DESIGN.md signature names and compare eval accuracy. Both export only
+these keep the project's signature names (slimserve/conventions.py) and compare eval accuracy. Both export only
 an evaluation that clears --export_min_metric (export/blessing.py); a refusal is logged
 and kept in `refusal` for the training command's summary and exit status.
 """

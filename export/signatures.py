@@ -1,25 +1,15 @@
-"""Signature names, input and output keys of every slimserve SavedModel (DESIGN.md).
-
-Clients outside this project rely on these. The tag and method names are TensorFlow's
-own constants; the warmup file's place is serving.models.WARMUP_PATH, the one
-definition the server reads it from (serving/ never imports this module: it reads the
-signatures from each SavedModel).
+"""The three signatures every slimserve SavedModel has, as export/ builds and verifies
+them. Their names and keys are the project's conventions (slimserve/conventions.py, which
+the server and the tools read too); the tag and method names are TensorFlow's constants.
 """
 import tensorflow as tf
 
+from slimserve.conventions import (  # noqa: F401  (re-exported: the export's vocabulary)
+    CLASS_NAMES, CLASSES, CLASSIFY, EXAMPLES, EXTRA_DIR, IMAGE_BYTES, IMAGES, LABELS_ASSET,
+    PREDICT_IMAGES, PROBABILITIES, SCORES, WARMUP_PATH)
+from slimserve.conventions import DEFAULT_SIGNATURE as DEFAULT
+
 SERVE_TAG = tf.saved_model.SERVING
-DEFAULT = "serving_default"
-PREDICT_IMAGES = "predict_images"
-CLASSIFY = "classify"
-
-IMAGE_BYTES = "image_bytes"
-IMAGES = "images"
-EXAMPLES = "inputs"
-
-CLASSES = "classes"
-PROBABILITIES = "probabilities"
-CLASS_NAMES = "class_names"
-SCORES = "scores"
 
 PREDICT_METHOD = tf.saved_model.PREDICT_METHOD_NAME
 CLASSIFY_METHOD = tf.saved_model.CLASSIFY_METHOD_NAME
@@ -29,6 +19,3 @@ EXPECTED = {
     PREDICT_IMAGES: (PREDICT_METHOD, {IMAGES}, {CLASSES, PROBABILITIES, CLASS_NAMES}),
     CLASSIFY: (CLASSIFY_METHOD, {EXAMPLES}, {CLASSES, SCORES}),
 }
-
-LABELS_ASSET = "labels.txt"
-EXTRA_DIR = "assets.extra"  # beside the warmup file: eval_result.json of BestExporter

@@ -1,5 +1,17 @@
-"""slimserve.serving: query TF Serving, or serve SavedModels without Docker.
+"""slimserve.serving: everything after a SavedModel exists.
 
-Imports only TensorFlow, grpcio and the tensorflow-serving-api protos, never
-estimator/: a server needs nothing but a SavedModel.
+    core/           servable, version policy and directories, model manager, batching,
+                    the inference service (one signature lookup, one status per API),
+                    tensor codecs, errors
+    api/            gRPC servicer; REST routes and JSON; the waitress HTTP transport; TLS
+    config/         the one reader of TF Serving's config files, their messages, the
+                    served-model list, the session config
+    observability/  metrics, request logs, the last-minute request window, status page
+    tools/          client, load test, canary compare, batching tuner, bulk inference
+    server.py       ModelServer(options): wiring only; options.py: the flags as one object
+    tfserving/ kubernetes/   files for the real tensorflow/serving and for clusters
+
+Needs TensorFlow, grpcio, tensorflow-serving-api, waitress, prometheus_client and
+slimserve.conventions; never imports slimserve.estimator or slimserve.export: a server
+needs nothing but a SavedModel.
 """

@@ -69,6 +69,27 @@ def read_monitoring_path(path, flag="monitoring_config_file"):
     return monitoring_path(files.read_monitoring_config(path, flag), "--%s %s" % (flag, path))
 
 
+def ready_line(server):
+    """What slimserve-server prints on stdout once it serves: the addresses it bound (so a
+    parent that passed --port=-1 / --rest_api_port=-1 learns them; parse_ready_line)."""
+    grpc_addresses = ["%s:%d" % (server.bind_address, server.port)] if server.port else []
+    if server.grpc_socket_path:
+        grpc_addresses.append("unix:%s" % server.grpc_socket_path)
+    return "slimserve-server: gRPC %s REST %s" % (" ".join(grpc_addresses),
+                                                   server.rest_api_port or "off")
+
+
+def parse_ready_line(line):
+    """ready_line's text -> (gRPC port or 0, REST port or 0); ValueError if it is not one."""
+    words = line.split()
+    if words[:2] != ["slimserve-server:", "gRPC"] or "REST" not in words:
+        raise ValueError("not slimserve-server's ready line: %r" % line)
+    grpc_port = next((int(w.rsplit(":", 1)[1]) for w in words[2:words.index("REST")]
+                      if not w.startswith("unix:")), 0)
+    rest = words[words.index("REST") + 1]
+    return grpc_port, 0 if rest == "off" else int(rest)
+
+
 def _check(options):
     """Refuses combinations tensorflow_model_server refuses, naming the flags."""
     given = [bool(options.model_base_path), bool(options.model_config_file),

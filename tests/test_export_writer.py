@@ -1,5 +1,5 @@
-"""Version allocation and cleanup under concurrent exporters (issue 12), and the listing
-and pruning rules (issue 11 review), on real directories with real threads and processes.
+"""Version allocation and cleanup under concurrent exporters, and the listing and
+pruning rules, on real directories with real threads and processes.
 
 Writers here use the same claim/publish calls as write_saved_model, each filling its
 claimed directory with files that name it, so a shared or stolen directory shows.

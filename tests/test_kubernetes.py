@@ -9,12 +9,11 @@ import re
 import subprocess
 import sys
 
+import kubernetes_validate
 import pytest
+import yaml
 
-yaml = pytest.importorskip("yaml")
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
-
-from tests.helpers import ROOT  # noqa: E402  pylint: disable=wrong-import-position
+from tests.helpers import ROOT
 
 MANIFESTS = os.path.join(ROOT, "serving", "kubernetes")
 KUBERNETES_VERSION = "1.30.0"

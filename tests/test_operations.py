@@ -24,7 +24,7 @@ from slimserve.serving.core import version_policy
 from slimserve.serving.observability import request_log
 from slimserve.serving.core import servable as servable_lib
 from tests import tiny_models
-from tests.helpers import run_cli, serve_in_process
+from tests.helpers import require_tool, run_cli, serve_in_process
 
 
 
@@ -115,10 +115,6 @@ def test_metrics_are_per_version_and_signature_with_queue_waits_and_log_counts(t
     assert sorted(log.WhichOneof("log_type") for log in logs) == ["predict_log", "regress_log"]
 
 
-def _chromium():
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 def test_status_page_over_http_and_in_headless_chromium(tmp_path):
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base, 1)
@@ -140,9 +136,7 @@ def test_status_page_over_http_and_in_headless_chromium(tmp_path):
         assert 'class="AVAILABLE">AVAILABLE' in page and 'class="END">END' in page
         assert "http-equiv=\"refresh\"" in page and "src=" not in page  # no external assets
         assert _http(server.rest_api_port, "GET", "/status")[0] == 200
-        browser = _chromium()
-        if browser is None:
-            pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+        browser = require_tool("chromium", "chromium-browser")
         shot = tmp_path / "status.png"
         common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",

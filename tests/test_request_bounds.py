@@ -1,5 +1,5 @@
-"""Hostile requests cost no more than their size justifies (issue 12), responses fill
-TF Serving's typed fields (issue 13), and client-facing errors name no server paths.
+"""Hostile requests cost no more than their size justifies, responses fill TF Serving's
+typed fields, and client-facing errors name no server paths.
 
 Real gRPC and HTTP on loopback against the tiny SavedModel (tests/tiny_models.py): the
 bounds do not depend on the model, only on its signatures.

@@ -20,7 +20,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from slimserve.serving.core import batching
 from slimserve.serving.config import model_config
 from tests import tiny_models
-from tests.helpers import serve_in_process, start_server_process
+from tests.helpers import require_tool, serve_in_process, start_server_process
 
 CONNECTION_LIMIT = 8
 MAX_BODY = 64 * 1024
@@ -298,11 +298,11 @@ def test_request_past_the_timeout_gets_504_and_idle_sockets_close(slow_server):
         sock.close()
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs iproute2's ss")
 def test_stop_waits_for_a_request_still_arriving(model_dirs):
     """stop() refuses new connections at once but answers a request whose first bytes
     came before it, and only then unloads the model (the http.server version returned at
     once and the late request found no model)."""
+    require_tool("ss")
     instance = serve_in_process([model_config.ServedModel("tiny", model_dirs["tiny"])],
                                 enable_model_warmup=False)
     body = json.dumps({"instances": [[1.0, 2.0]]}).encode()
@@ -351,12 +351,12 @@ def _server_socket_stats(port):
     return unread, received
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs iproute2's ss")
 def test_sigterm_answers_rest_and_grpc_requests_in_flight(tmp_path, export_dir, digits_dir):
     """Requests wait 1.5 s in the batch queue, so SIGTERM lands while 3 REST and 3 gRPC
     Predicts are in flight, and a fourth REST request is half uploaded; that one is
     finished only after the others are answered, i.e. after the old server had already
     unloaded the model and exited. All are answered and the exit code is 0."""
+    require_tool("ss")
     base = tmp_path / "resnet"
     shutil.copytree(export_dir, base / "1")
     params = tmp_path / "batching.config"

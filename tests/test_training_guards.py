@@ -1,4 +1,4 @@
-"""Training never exports a model that diverged (issue 12), on the real digits.
+"""Training never exports a model that diverged, on the real digits.
 
 A learning rate of 1e6 with Adam stops with an error; forced to train on, it is refused
 by both exporters and by slimserve-export. One trainer per model_dir; flags checked

@@ -190,21 +190,12 @@ class InferenceService:
             return self.batcher.run(servable, signature_name, signature_def, feeds, output_keys)
         return servable.run(signature_def, feeds, output_keys)
 
-    @staticmethod
-    def _predict_signature(servable, signature_name):
-        signature_name = signature_name or DEFAULT_SIGNATURE
-        sig = servable.signatures.get(signature_name)
-        if sig is None:
-            raise _error(grpc.StatusCode.FAILED_PRECONDITION,
-                         "Serving signature key \"%s\" not found.", signature_name)
-        return signature_name, sig
-
     def predict(self, name, version, label, signature_name, feeds, output_filter=()):
         """feeds: {key: ndarray}, or a function of the signature's inputs map returning
         it (gRPC decodes its TensorProtos against the signature of the very version that
         runs them, with one servable lookup) -> (version, signature name, {key: ndarray})."""
         with self._servable(name, version, label) as servable:
-            signature_name, sig = self._predict_signature(servable, signature_name)
+            signature_name, sig = servable.signature(signature_name, "predict")
             if callable(feeds):
                 feeds = feeds(sig.inputs)
             if self.method_name_check and sig.method_name not in (
@@ -237,15 +228,6 @@ class InferenceService:
             return servable.version, signature_name, outputs
 
     @staticmethod
-    def _signature(servable, signature_name):
-        """Classify / Regress lookup: a missing name is INVALID_ARGUMENT there."""
-        signature_name = signature_name or DEFAULT_SIGNATURE
-        sig = servable.signatures.get(signature_name)
-        if sig is None:
-            raise errors.invalid("No signature was found with the name: %s", signature_name)
-        return signature_name, sig
-
-    @staticmethod
     def _examples(serialized_examples):
         if not serialized_examples:
             raise errors.invalid("Input is empty.")
@@ -256,7 +238,7 @@ class InferenceService:
     def classify(self, name, version, label, signature_name, serialized_examples):
         """-> (version, signature name, classes [B,C] bytes or None, scores [B,C] or None)."""
         with self._servable(name, version, label) as servable:
-            signature_name, sig = self._signature(servable, signature_name)
+            signature_name, sig = servable.signature(signature_name, "classify")
             keys = check_classification_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
             outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
@@ -267,7 +249,7 @@ class InferenceService:
     def regress(self, name, version, label, signature_name, serialized_examples):
         """-> (version, signature name, outputs float32 [B])."""
         with self._servable(name, version, label) as servable:
-            signature_name, sig = self._signature(servable, signature_name)
+            signature_name, sig = servable.signature(signature_name, "regress")
             keys = check_regression_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
             outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
@@ -295,10 +277,7 @@ class InferenceService:
                 if resolved in seen:
                     raise errors.invalid("Duplicate evaluation of signature: %s", resolved)
                 seen.add(resolved)
-                sig = servable.signatures.get(resolved)
-                if sig is None:
-                    raise errors.invalid("Requested signature not found in model graph: %s",
-                                         resolved)
+                _, sig = servable.signature(resolved, "multi_inference")
                 if method == CLASSIFY_METHOD:
                     keys = check_classification_signature(resolved, sig, False)
                 elif method == REGRESS_METHOD:
@@ -346,11 +325,6 @@ class InferenceService:
         """-> (version, {signature name: SignatureDef})."""
         with self._servable(name, version, label) as servable:
             return servable.version, dict(servable.signatures)
-
-    def signature(self, name, version, label, signature_name):
-        """The SignatureDef a Predict would use (FAILED_PRECONDITION when absent)."""
-        with self._servable(name, version, label) as servable:
-            return self._predict_signature(servable, signature_name)[1]
 
     def status(self, name, version=None, label=None):
         """Like get_model_status_impl.cc: a version label is ignored, every version listed.

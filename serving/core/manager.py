@@ -27,7 +27,6 @@ from slimserve.serving.core.version_dirs import list_version_dirs, version_finge
 from slimserve.serving.core.version_policy import versions_to_unload
 
 LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
-STATES = ("START", LOADING, AVAILABLE, UNLOADING, END)
 DEFAULT_LOAD_RETRY_INTERVAL_MICROS = 60 * 1000 * 1000  # TF Serving's default: 1 minute
 
 
@@ -109,12 +108,6 @@ class ModelManager:
     def model_names(self):
         with self._lock:
             return sorted(self._models)
-
-    @property
-    def configs(self):
-        """The ServedModels being served now."""
-        with self._lock:
-            return [self._models[name].config for name in sorted(self._models)]
 
     # --- reconciling with the file system -------------------------------------------
 

@@ -20,16 +20,26 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
+from slimserve import conventions
 from slimserve.serving.core import errors
 from slimserve.serving.core import tensors
 
-# Where TF Serving looks for warmup records, relative to a version directory. The one
-# definition: export/ writes the file here too.
-WARMUP_PATH = os.path.join("assets.extra", "tf_serving_warmup_requests")
+WARMUP_PATH = conventions.WARMUP_PATH  # where TF Serving looks for warmup records
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 # Callables kept per servable: one per (input tensors, output tensors) seen, the least
 # recently used dropped past this many (output filters could otherwise make 2^outputs).
 MAX_CALLABLES = 64
+
+
+# What TF Serving 2.15.1 answers, per API, for a signature name the model lacks
+# (predict_util.cc, classifier.cc, regressor.cc, multi_inference.cc).
+MISSING_SIGNATURE = {
+    "predict": (grpc.StatusCode.FAILED_PRECONDITION, "Serving signature key \"%s\" not found."),
+    "classify": (grpc.StatusCode.INVALID_ARGUMENT, "No signature was found with the name: %s"),
+    "regress": (grpc.StatusCode.INVALID_ARGUMENT, "No signature was found with the name: %s"),
+    "multi_inference": (grpc.StatusCode.INVALID_ARGUMENT,
+                        "Requested signature not found in model graph: %s"),
+}
 
 
 class WarmupError(Exception):
@@ -96,14 +106,17 @@ class Servable:
         if close:
             self.session.close()
 
-    def signature(self, name):
-        """(name, SignatureDef); an empty name means serving_default. NOT_FOUND otherwise."""
+    def signature(self, name, api="predict"):
+        """(name, SignatureDef) of the signature a request names (empty: serving_default).
+
+        The one signature lookup of every API; a name the model lacks gets the status and
+        message TF Serving gives on that API (MISSING_SIGNATURE)."""
         name = name or DEFAULT_SIGNATURE
-        if name not in self.signatures:
-            raise errors.not_found("Serving signature name: \"%s\" not found in signature def "
-                                   "(model %s version %d; has %s)", name, self.name,
-                                   self.version, ", ".join(sorted(self.signatures)))
-        return name, self.signatures[name]
+        signature_def = self.signatures.get(name)
+        if signature_def is None:
+            code, message = MISSING_SIGNATURE[api]
+            raise errors.ServingError(code, message % name)
+        return name, signature_def
 
     def run(self, signature_def, feeds, output_keys):
         """feeds: {input key: ndarray}; returns {output key: ndarray}. TF errors become
@@ -201,7 +214,7 @@ class Servable:
             self.run(sig, feeds, sorted(sig.outputs))
         elif kind in ("classify_log", "regress_log"):
             request = getattr(log, kind).request
-            _, sig = self.signature(request.model_spec.signature_name)
+            _, sig = self.signature(request.model_spec.signature_name, kind[:-len("_log")])
             examples = np.array([e.SerializeToString()
                                  for e in request.input.example_list.examples], object)
             self.run(sig, {next(iter(sig.inputs)): examples}, sorted(sig.outputs))

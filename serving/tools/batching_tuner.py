@@ -13,13 +13,13 @@ import dataclasses
 import itertools
 import os
 import select
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
+from slimserve.serving import server as server_lib
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.tools import loadtest
 from slimserve.serving.observability import metrics
@@ -59,12 +59,6 @@ def grid(max_batch_sizes, batch_timeouts, batch_threads, enqueued):
         yield Setting(*values)
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class _Server:
     """One slimserve-server process serving `base_path` with one batching setting."""
 
@@ -75,20 +69,21 @@ class _Server:
         monitoring = os.path.join(work_dir, "monitoring.config")
         with open(monitoring, "w") as handle:
             handle.write('prometheus_config { enable: true path: "%s" }\n' % metrics.PATH)
-        self.port, self.rest_port = _free_port(), _free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "slimserve.cli.server", "--port", str(self.port),
-             "--rest_api_port", str(self.rest_port), "--model_name", model_name,
+            [sys.executable, "-m", "slimserve.cli.server", "--port=-1", "--rest_api_port=-1",
+             "--model_name", model_name,
              "--model_base_path", base_path, "--enable_batching",
              "--batching_parameters_file", config, "--monitoring_config_file", monitoring,
              "--file_system_poll_wait_seconds", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.process.stdout], [], [], start_timeout)
         line = self.process.stdout.readline() if ready else ""  # printed once serving
-        if not line.startswith("slimserve-server:"):
+        try:
+            self.port, self.rest_port = server_lib.parse_ready_line(line)
+        except ValueError:
             self.stop()
             raise RuntimeError("slimserve-server did not start for %s: %s" % (
-                setting.label(), self.process.stderr.read()[-2000:]))
+                setting.label(), self.process.stderr.read()[-2000:])) from None
 
     def batch_totals(self):
         """(rows, batches) run so far, from the processed_batch_size metric."""

@@ -19,19 +19,16 @@ import glob
 import io
 import json
 import os
-import re
 
 import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
+from slimserve import conventions
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
-_SHARD_RE = re.compile(r"^(.*/)?[A-Za-z0-9_]+-\d{5}-of-\d{5}$")
-_ENCODED, _TEXT, _FILENAME = "image/encoded", "image/class/text", "image/filename"
 
 # One input to score: `key` names it in the output (a path, or `shard:index`).
 ImageRef = collections.namedtuple("ImageRef", "key label path record")
@@ -71,7 +68,7 @@ def list_inputs(spec):
 
 
 def is_tfrecord_shard(ref):
-    return ref.record is None and _SHARD_RE.match(ref.path) is not None
+    return ref.record is None and conventions.SHARD_NAME.match(ref.path) is not None
 
 
 def _folder(root):
@@ -135,9 +132,9 @@ def _read_shard(path):
         key = "%s:%d" % (path, index)
         try:
             feature = tf.train.Example.FromString(record).features.feature
-            label = (feature[_TEXT].bytes_list.value[0].decode("utf-8")
-                     if feature[_TEXT].bytes_list.value else None)
-            yield ImageInput(key, label, feature[_ENCODED].bytes_list.value[0], None)
+            label = (feature[conventions.TEXT].bytes_list.value[0].decode("utf-8")
+                     if feature[conventions.TEXT].bytes_list.value else None)
+            yield ImageInput(key, label, feature[conventions.ENCODED].bytes_list.value[0], None)
         except Exception as error:  # pylint: disable=broad-except
             yield ImageInput(key, None, None, "not a slimserve tf.Example: %s" % error)
 
@@ -149,13 +146,18 @@ class ImageClassifier:
                  signature_name="serving_default", top_k=5, prediction_log=False,
                  session_config=None):
         self.servable = servable_lib.Servable(model_name, version, path, session_config)
-        self.signature_name, self.signature = self.servable.signature(signature_name)
+        try:
+            self.signature_name, self.signature = self.servable.signature(signature_name)
+        except errors.ServingError:
+            self.servable.retire()
+            raise BulkPredictError("--signature_name %s: %s has no such signature (has %s)" % (
+                signature_name, path, ", ".join(sorted(self.servable.signatures)))) from None
         if len(self.signature.inputs) != 1:
             raise BulkPredictError("signature %s of %s takes %s; bulk inference needs one "
                                    "input of encoded images" % (
                                        signature_name, path, sorted(self.signature.inputs)))
         self.input_key = next(iter(self.signature.inputs))
-        for key in ("probabilities",):
+        for key in (conventions.PROBABILITIES,):
             if key not in self.signature.outputs:
                 raise BulkPredictError("signature %s of %s has no %r output (has %s)" % (
                     signature_name, path, key, sorted(self.signature.outputs)))
@@ -198,7 +200,7 @@ class ImageClassifier:
                 for position, index in enumerate(indices)]
 
     def _row(self, item, outputs):
-        probabilities = np.asarray(outputs["probabilities"], dtype=np.float64)
+        probabilities = np.asarray(outputs[conventions.PROBABILITIES], dtype=np.float64)
         order = np.argsort(-probabilities, kind="stable")[:self.top_k]
         class_id = int(order[0])
         row = {"path": item.key, "class_id": class_id,
@@ -212,8 +214,8 @@ class ImageClassifier:
         return row
 
     def _name(self, class_id, outputs=None):
-        if outputs is not None and "class_names" in outputs:
-            value = outputs["class_names"]
+        if outputs is not None and conventions.CLASS_NAMES in outputs:
+            value = outputs[conventions.CLASS_NAMES]
             return value.decode("utf-8") if isinstance(value, bytes) else str(value)
         if class_id < len(self.class_names):
             return self.class_names[class_id]
@@ -243,16 +245,11 @@ def _error_row(item, message):
 
 def _read_labels(path):
     """Class names from the SavedModel's labels.txt asset (`id:name`), if any."""
-    labels = os.path.join(path, "assets", "labels.txt")
+    labels = os.path.join(path, "assets", conventions.LABELS_ASSET)
     if not tf.io.gfile.exists(labels):
         return []
-    names = {}
     with tf.io.gfile.GFile(labels) as handle:
-        for line in handle:
-            key, sep, name = line.rstrip("\n").partition(":")
-            if sep and key.strip().isdigit():
-                names[int(key)] = name
-    return [names.get(i, str(i)) for i in range(max(names) + 1)] if names else []
+        return conventions.parse_labels(handle, labels)
 
 
 def write_rows(rows, output, log_writer=None):

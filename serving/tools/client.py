@@ -21,6 +21,7 @@ from tensorflow_serving.apis import model_service_pb2_grpc
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from slimserve import conventions
 from slimserve.serving.core import tensors
 
 DEFAULT_MESSAGE_BYTES = 256 * 1024 * 1024  # gRPC's 4 MB default trips image batches
@@ -31,7 +32,7 @@ class Client:
 
     def __init__(self, target="localhost:8500", model_name="resnet", version=None,
                  version_label=None, timeout=30.0, max_message_bytes=DEFAULT_MESSAGE_BYTES,
-                 retries=3, backoff_seconds=0.2, image_key="image/encoded"):
+                 retries=3, backoff_seconds=0.2, image_key=conventions.ENCODED):
         if version is not None and version_label:
             raise ValueError("give a version or a version label, not both")
         self.channel = grpc.insecure_channel(target, options=[
@@ -80,7 +81,7 @@ class Client:
 
     def predict_images(self, encoded_images, signature_name="serving_default"):
         """Encoded JPEG/PNG bytes -> {classes, probabilities, class_names} for the batch."""
-        return self.predict({"image_bytes": list(encoded_images)}, signature_name)
+        return self.predict({conventions.IMAGE_BYTES: list(encoded_images)}, signature_name)
 
     def classify(self, examples, signature_name="classify"):
         """tf.train.Examples (or images as bytes) -> [[(label, score), ...] per example]."""
@@ -128,7 +129,8 @@ class Client:
                 with open(path, "rb") as handle:
                     images.append(handle.read())
             out = self.predict_images(images)
-            return [(path, out["class_names"][i].decode(), out["probabilities"][i])
+            return [(path, out[conventions.CLASS_NAMES][i].decode(),
+                     out[conventions.PROBABILITIES][i])
                     for i, path in enumerate(batch)]
 
         with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as pool:

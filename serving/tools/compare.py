@@ -12,6 +12,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from slimserve import conventions
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
@@ -19,8 +20,8 @@ from slimserve.serving.core import tensors
 
 # Output keys read for the class decision and for the probabilities, in order of
 # preference: slimserve's predict signatures, then TF Serving's classify convention.
-CLASS_KEYS = ("classes",)
-SCORE_KEYS = ("probabilities", "scores")
+CLASS_KEYS = (conventions.CLASSES,)
+SCORE_KEYS = (conventions.PROBABILITIES, conventions.SCORES)
 
 
 def resolve_model_dir(path):

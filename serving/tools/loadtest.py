@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from slimserve import conventions
+
 
 def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_size=1,
               signature_name="serving_default", progress=None, first_index=0):
@@ -60,7 +62,7 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
 def load_images(path):
     files = [path] if os.path.isfile(path) else [
         os.path.join(root, name) for root, _, names in os.walk(path) for name in sorted(names)
-        if name.lower().endswith((".jpg", ".jpeg", ".png", ".gif", ".bmp"))]
+        if name.lower().endswith(conventions.SERVABLE_IMAGE_SUFFIXES)]
     if not files:
         raise ValueError("%s holds no JPEG/PNG/GIF/BMP file" % path)
     images = []

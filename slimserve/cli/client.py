@@ -13,6 +13,7 @@ from absl import flags
 import grpc
 from google.protobuf import json_format
 
+from slimserve import conventions
 from slimserve.serving.tools import client as client_lib
 from slimserve.cli import logs
 
@@ -31,7 +32,7 @@ flags.DEFINE_integer("batch_size", 8, "Images per request.")
 flags.DEFINE_integer("concurrency", 1, "Requests in flight.")
 flags.DEFINE_integer("top_k", 3, "Classes printed per image.")
 flags.DEFINE_bool("json", False, "Print JSON instead of text.")
-flags.DEFINE_string("image_key", "image/encoded", "tf.Example key of the image for classify.")
+flags.DEFINE_string("image_key", conventions.ENCODED, "tf.Example key of the image for classify.")
 
 COMMANDS = ("predict", "classify", "metadata", "status")
 

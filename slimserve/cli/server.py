@@ -85,11 +85,7 @@ def main(argv):
     except errors.ServingError as error:  # e.g. a version label that names no version
         server.stop()
         sys.exit("slimserve-server: %s" % error.message)
-    print("slimserve-server: gRPC %s REST %s" % (
-        " ".join(filter(None, ["%s:%d" % (server.bind_address, server.port) if server.port
-                               else "", "unix:%s" % server.grpc_socket_path
-                               if server.grpc_socket_path else ""])),
-        server.rest_api_port or "off"), flush=True)
+    print(server_lib.ready_line(server), flush=True)
     stopping.wait()
     if server.stop():
         logging.info("stopped")

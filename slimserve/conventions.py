@@ -1,0 +1,82 @@
+"""The contract every slimserve package shares, defined once: tf.Example keys, split and
+shard names, the labels.txt format, image file suffixes, SavedModel signature names with
+their input and output keys, and where warmup records live.
+
+Plain Python (no TensorFlow import), so the server, the converter, the exporter and the
+tools all read the same names: serving/ may not import estimator/ or export/, but all
+three import this module.
+"""
+import os
+import re
+
+# --- tf.Example feature keys (slim / TF models convention) -----------------------------
+ENCODED = "image/encoded"
+FORMAT = "image/format"
+LABEL = "image/class/label"  # int64, 0-based
+TEXT = "image/class/text"
+HEIGHT = "image/height"
+WIDTH = "image/width"
+CHANNELS = "image/channels"
+FILENAME = "image/filename"
+
+# --- a converted data set ----------------------------------------------------------------
+TRAIN = "train"
+VALIDATION = "validation"
+SPLITS = (TRAIN, VALIDATION)
+LABELS_FILE = "labels.txt"
+INFO_FILE = "dataset_info.json"
+SHARD_NAME = re.compile(r"^(?:.*/)?[A-Za-z0-9_]+-\d{5}-of-\d{5}$")
+
+
+def shard_name(split, index, num_shards):
+    """`train-00003-of-00010`: the names every TF input pipeline expects."""
+    return "%s-%05d-of-%05d" % (split, index, num_shards)
+
+
+def shard_pattern(data_dir, split):
+    return "%s/%s-*-of-*" % (data_dir.rstrip("/"), split)
+
+
+# --- image files -------------------------------------------------------------------------
+# What TensorFlow's decode_image, and so every serving signature, decodes. (The converter
+# looks at every file and lets Pillow decide, so it needs no list.)
+SERVABLE_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+
+
+# --- labels.txt: one `id:name` line per class, ids 0..N-1 -------------------------------
+def parse_labels(lines, source):
+    """Class names indexed by id from `id:name` lines; errors name `source` and the line."""
+    names = {}
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        key, sep, name = line.partition(":")
+        if not sep or not key.strip().isdigit():
+            raise ValueError("%s:%d: expected 'id:name', got %r" % (source, number, line))
+        names[int(key)] = name
+    if sorted(names) != list(range(len(names))):
+        raise ValueError("%s: label ids must be 0..N-1 without gaps, got %s"
+                         % (source, sorted(names)))
+    return [names[i] for i in range(len(names))]
+
+
+def format_labels(names):
+    return "".join("%d:%s\n" % (index, name) for index, name in enumerate(names))
+
+
+# --- SavedModel signatures ---------------------------------------------------------------
+DEFAULT_SIGNATURE = "serving_default"   # input IMAGE_BYTES
+PREDICT_IMAGES = "predict_images"       # input IMAGES (decoded, cropped, resized pixels)
+CLASSIFY = "classify"                   # input EXAMPLES (serialized tf.Example)
+IMAGE_BYTES = "image_bytes"
+IMAGES = "images"
+EXAMPLES = "inputs"
+CLASSES = "classes"
+PROBABILITIES = "probabilities"
+CLASS_NAMES = "class_names"
+SCORES = "scores"
+LABELS_ASSET = LABELS_FILE              # assets/labels.txt of every export
+EXTRA_DIR = "assets.extra"
+# Where TF Serving looks for warmup records, relative to a version directory.
+WARMUP_PATH = os.path.join(EXTRA_DIR, "tf_serving_warmup_requests")
