@@ -6,10 +6,8 @@ bounds do not depend on the model, only on its signatures.
 """
 import base64
 import json
-import os
 import re
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -31,7 +29,7 @@ from slimserve.serving.config import model_config
 from slimserve.serving.core import tensors
 from tests import helpers
 from tests import tiny_models
-from tests.helpers import serve_in_process
+from tests.helpers import serve_in_process, start_server_process
 
 ROOT = helpers.ROOT
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -342,17 +340,12 @@ def _bombs_and_valid(count):
 
 def test_memory_stays_flat_under_200_hostile_requests(tiny_base, tmp_path):
     cap = 3 * 1024 ** 3  # a regression is killed here instead of taking the machine down
-    command = ["prlimit", "--as=%d" % cap, sys.executable, "-m", "slimserve.cli.server",
-               "--model_name=tiny", "--model_base_path=%s" % tiny_base, "--port=0",
-               "--rest_api_port=0", "--file_system_poll_wait_seconds=0"]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True, cwd=ROOT, env=env)
+    process, port, _ = start_server_process(
+        ["--model_name=tiny", "--model_base_path=%s" % tiny_base, "--rest_api_port=0",
+         "--file_system_poll_wait_seconds=0"], prefix=["prlimit", "--as=%d" % cap],
+        stderr=subprocess.DEVNULL)
     try:
-        line = process.stdout.readline()  # blocks until the server prints its ports
-        found = re.search(r"gRPC [\d.]+:(\d+)", line)
-        assert found, "server did not start: %r (exit %s)" % (line, process.poll())
-        channel = grpc.insecure_channel("127.0.0.1:%s" % found.group(1), options=[
+        channel = grpc.insecure_channel("127.0.0.1:%d" % port, options=[
             ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         requests = _bombs_and_valid(200)
