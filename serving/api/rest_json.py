@@ -1,7 +1,7 @@
 """TF Serving's REST JSON <-> requests and responses, checked as util/json_tensor.cc checks
 them: the body must be an object, `signature_name` a string, and every value of the JSON
 type its tensor's dtype calls for (no silent coercion of "1.5", true or 1.5 into a number
-of another kind). Transport-free: rest.py calls these with the body bytes."""
+of another kind). Transport-free: rest_api.py calls these with the body bytes."""
 import base64
 import json
 

@@ -1,5 +1,5 @@
 """What Predict, Classify, Regress, MultiInference, GetModelMetadata and GetModelStatus do,
-independent of transport: gRPC (grpc_service.py) and REST (rest.py) both call these.
+independent of transport: gRPC (grpc_service.py) and REST (rest_api.py) both call these.
 
 Status codes and messages follow TF Serving 2.15.1 (servables/tensorflow/predict_util.cc,
 classifier.cc, regressor.cc, multi_inference.cc, model_servers/server_core.cc), so a client

@@ -1,9 +1,8 @@
 """Readable logs for slimserve's commands: TensorFlow's start-up and deprecation noise
 goes, real warnings stay.
 
-Lives in serving/cli/ because every command (estimator/cli, export/cli, serving/cli)
-needs it and serving/ is the one package everything may import (it needs only
-TensorFlow). Call `quiet_tensorflow()` before anything imports tensorflow; a command
+Lives in slimserve/cli/, the command layer, because every command needs it and no
+library may import it. Call `quiet_tensorflow()` before anything imports tensorflow; a command
 module calls `run(main)` from its `__main__` / console-script entry.
 """
 import logging
