@@ -1,0 +1,159 @@
+"""The documentation holds together: every relative link in README.md, CHANGELOG.md and
+docs/*.md names a file that exists and, with `#anchor`, a heading that GitHub renders with
+that anchor; README.md stays a front door (at most 200 lines) whose table lists every
+page in docs/."""
+import glob
+import os
+import re
+import sys
+import unicodedata
+
+import pytest
+
+from tests.helpers import ROOT
+
+README_MAX_LINES = 200
+DOCUMENTS = sorted(["README.md", "CHANGELOG.md"] + [
+    os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, "docs", "*.md"))])
+
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+_LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
+
+
+def _prose_lines(text):
+    """The lines outside fenced code blocks, as (line number, line)."""
+    fence = None
+    for number, line in enumerate(text.splitlines(), 1):
+        match = _FENCE.match(line)
+        if match:
+            marker = match.group(1)
+            if fence is None:
+                fence = marker
+            elif marker[0] == fence[0] and len(marker) >= len(fence):
+                fence = None
+            continue
+        if fence is None and not line.startswith(("    ", "\t")):
+            yield number, line
+
+
+def _rendered(markdown):
+    """The text GitHub renders from a heading's markdown: code spans keep their content,
+    links keep their text, emphasis markers and inline HTML go."""
+    parts = []
+    for index, part in enumerate(_CODE_SPAN.split(markdown)):
+        if index % 3 == 2:        # a code span's content: rendered as it is
+            parts.append(part.strip())
+        elif index % 3 == 0:      # prose
+            part = _LINK.sub(lambda m: m.group(2), part)
+            part = re.sub(r"<[^>]+>", "", part)
+            parts.append(re.sub(r"\*+|(?<!\w)_+|_+(?!\w)", "", part))
+    return "".join(parts)
+
+
+def slug(heading_text):
+    """GitHub's anchor for a heading (github-slugger): the rendered text in lower case,
+    every character that is not a letter, digit, mark, `_`, `-` or space dropped, spaces
+    turned into hyphens."""
+    kept = []
+    for char in _rendered(heading_text).strip().lower():
+        category = unicodedata.category(char)
+        if char in "-_" or char == " " or category[0] in "LNM":
+            kept.append("-" if char == " " else char)
+    return "".join(kept)
+
+
+def anchors(path):
+    """Every anchor a rendered page has: heading slugs (repeats get -1, -2, ... as on
+    GitHub) and explicit <a name/id> anchors."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    found, seen = set(), {}
+    for _, line in _prose_lines(text):
+        heading = _HEADING.match(line)
+        if heading:
+            base = slug(heading.group(2))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            found.add(base if count == 0 else "%s-%d" % (base, count))
+        found.update(_HTML_ANCHOR.findall(line))
+    return found
+
+
+def relative_links(document):
+    """(line number, target) of every link in `document` that is not to the web."""
+    with open(os.path.join(ROOT, document), encoding="utf-8") as f:
+        text = f.read()
+    for number, line in _prose_lines(text):
+        for match in _LINK.finditer(_CODE_SPAN.sub("code", line)):
+            target = match.group(3)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+                yield number, target
+
+
+def broken_links(document):
+    """Messages for every relative link in `document` that does not resolve."""
+    broken = []
+    for number, target in relative_links(document):
+        path, _, anchor = target.partition("#")
+        where = "%s:%d: [..](%s)" % (document, number, target)
+        resolved = os.path.normpath(os.path.join(ROOT, os.path.dirname(document), path)) \
+            if path else os.path.join(ROOT, document)
+        if not os.path.exists(resolved):
+            broken.append("%s: no file %s" % (where, os.path.relpath(resolved, ROOT)))
+        elif anchor and resolved.endswith(".md") and anchor not in anchors(resolved):
+            broken.append("%s: %s has no heading with anchor #%s" % (
+                where, os.path.relpath(resolved, ROOT), anchor))
+        elif anchor and not resolved.endswith(".md"):
+            broken.append("%s: an anchor into a file that is not markdown" % where)
+    return broken
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_relative_link_resolves(document):
+    assert os.path.exists(os.path.join(ROOT, document)), document
+    broken = broken_links(document)
+    assert not broken, "\n".join(broken)
+
+
+def test_readme_is_a_front_door():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        "README.md has %d lines; at most %d: move details to docs/" % (
+            len(lines), README_MAX_LINES))
+    listed = {target.partition("#")[0] for _, target in relative_links("README.md")}
+    unlisted = [d for d in DOCUMENTS if d.startswith("docs/") and d not in listed]
+    assert not unlisted, "README.md links no page %s" % unlisted
+
+
+@pytest.mark.parametrize("heading, expected", [
+    ("Images to TFRecords: `slimserve-convert`", "images-to-tfrecords-slimserve-convert"),
+    ("The client: `slimserve-client`", "the-client-slimserve-client"),
+    ("Evaluation and serving geometry follows slim's, per net",
+     "evaluation-and-serving-geometry-follows-slims-per-net"),
+    ("Measured (`make bench-bulk`, 2 shared cores, 400 digit images at 64x64)",
+     "measured-make-bench-bulk-2-shared-cores-400-digit-images-at-64x64"),
+    ("Oversized images (\"decompression bombs\") are refused before decoding",
+     "oversized-images-decompression-bombs-are-refused-before-decoding"),
+    ("gRPC, command line, config files", "grpc-command-line-config-files"),
+    ("Unreleased — one import name", "unreleased--one-import-name"),
+    ("The `tensor_codec.py` *floor* [link](x.md)", "the-tensor_codecpy-floor-link"),
+    ("`__init__.py` and _emphasis_", "__init__py-and-emphasis"),
+])
+def test_slug_follows_github(heading, expected):
+    assert slug(heading) == expected
+
+
+def test_a_broken_link_is_reported(tmp_path, monkeypatch):
+    """The checker itself can fail: a missing file and a missing anchor are both named."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text(
+        "# Page A\n\n## Same\n\n## Same\n\n[ok](#same-1) [bad](#nowhere) [gone](b.md)\n"
+        "[web](https://example.com/x.md) `[code](c.md)`\n\n```\n[fenced](d.md)\n```\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    broken = broken_links("docs/a.md")
+    assert len(broken) == 2, broken
+    assert "#nowhere" in broken[0] and "no file docs/b.md" in broken[1]
