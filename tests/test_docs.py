@@ -24,7 +24,8 @@ _HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
 
 
 def _prose_lines(text):
-    """The lines outside fenced code blocks, as (line number, line)."""
+    """The lines outside fenced code blocks, as (line number, line). Indented lines are
+    kept (list continuations carry links); _HEADING skips them by its indent."""
     fence = None
     for number, line in enumerate(text.splitlines(), 1):
         match = _FENCE.match(line)
@@ -35,7 +36,7 @@ def _prose_lines(text):
             elif marker[0] == fence[0] and len(marker) >= len(fence):
                 fence = None
             continue
-        if fence is None and not line.startswith(("    ", "\t")):
+        if fence is None:
             yield number, line
 
 
