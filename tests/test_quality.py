@@ -52,7 +52,7 @@ def test_finetuning_beats_scratch_and_reaches_high_accuracy(digits_dir, digits_d
     tuned, fresh = eval_accuracy_by_step(str(finetune)), eval_accuracy_by_step(str(scratch))
     print("fine-tuned:", tuned, "\nfrom scratch:", fresh)
     assert sorted(tuned) == sorted(fresh) == [50, 100, 150, 200, 250, 300]
-    # Seven fp32 runs of this recipe ended at 97.8-98.9% (README); one image is 0.28%.
+    # Seven fp32 runs of this recipe ended at 97.8-98.9% (docs/benchmarks.md); one image is 0.28%.
     assert tuned[300] >= 0.97
     # Better over the whole budget: the mean of the six evaluations (the learning curve),
     # not a single point, which a few images decide once both runs are near 98%.
