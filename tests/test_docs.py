@@ -1,7 +1,7 @@
 """The documentation holds together: every relative link in README.md, CHANGELOG.md and
 docs/*.md names a file that exists and, with `#anchor`, a heading that GitHub renders with
 that anchor; README.md stays a front door (at most 200 lines) whose table lists every
-page in docs/."""
+page in docs/; docs/development.md's layout tree has one line per file, no more, no less."""
 import glob
 import os
 import re
@@ -158,3 +158,56 @@ def test_a_broken_link_is_reported(tmp_path, monkeypatch):
     broken = broken_links("docs/a.md")
     assert len(broken) == 2, broken
     assert "#nowhere" in broken[0] and "no file docs/b.md" in broken[1]
+
+
+LAYOUT_FOLDERS = ("slimserve", "estimator", "export", "serving", "scripts", "benchmarks",
+                  "tests", "configs")
+
+
+def layout_tree_paths():
+    """The file paths the tree under "## Layout" in docs/development.md names: two spaces
+    of indent per folder level; a line indented past the names continues a description."""
+    with open(os.path.join(ROOT, "docs", "development.md"), encoding="utf-8") as f:
+        text = f.read()
+    tree = text.split("## Layout", 1)[1].split("```", 2)[1]
+    paths, folders = set(), []
+    for line in tree.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        if not line.strip() or indent > 12:
+            continue
+        name = line.split()[0]
+        folders = folders[:indent // 2]
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+        else:
+            paths.add("/".join(folders + [name]))
+    return paths
+
+
+def repository_files(folders):
+    """The files under `folders` that git tracks (every file there without git)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    try:
+        listed = subprocess.run(["git", "ls-files", "--"] + list(folders), cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout
+        return set(listed.split())
+    except (OSError, subprocess.CalledProcessError):
+        found = set()
+        for folder in folders:
+            for parent, dirs, files in os.walk(os.path.join(ROOT, folder)):
+                dirs[:] = [d for d in dirs if d != "__pycache__" and not d.startswith(".")]
+                found.update(os.path.relpath(os.path.join(parent, f), ROOT)
+                             for f in files if not f.endswith(".pyc"))
+        return found
+
+
+def test_development_layout_lists_every_file():
+    """docs/development.md's tree has one line per file of the code folders, and names no
+    file that is gone: add a line when you add a file."""
+    listed = layout_tree_paths()
+    actual = repository_files(LAYOUT_FOLDERS)
+    assert not actual - listed, "missing from docs/development.md's layout: %s" % sorted(
+        actual - listed)
+    gone = sorted(p for p in listed if not os.path.isfile(os.path.join(ROOT, p)) or (
+        p.split("/")[0] in LAYOUT_FOLDERS and p not in actual))
+    assert not gone, "docs/development.md's layout names files that do not exist: %s" % gone
