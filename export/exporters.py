@@ -17,6 +17,7 @@ from slimserve.estimator import model
 from slimserve.estimator import preprocessing
 from slimserve.export import blessing
 from slimserve.export import signatures
+from slimserve.export import tflite as tflite_lib
 from slimserve.export import verify as verify_lib
 from slimserve.export import warmup
 from slimserve.export import writer
@@ -41,13 +42,16 @@ def predict_probabilities(estimator, images, checkpoint_path, preprocess):
 def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
                       data_dir=None, eval_split="validation", verify=True,
                       num_verify_images=8, eval_result=None, warmup_from=None,
-                      max_image_pixels=None):
+                      max_image_pixels=None, tflite=False,
+                      tflite_min_agreement=tflite_lib.DEFAULT_MIN_AGREEMENT):
     """Writes, verifies and publishes one version; returns its directory.
 
     warmup_from: a glob of request logs to build the warmup requests from (validation
     images when it matches nothing yet). max_image_pixels, when given, overrides the
     run's serving setting (the largest image, by its header, the exported graph will
-    decode)."""
+    decode). tflite: also write model.tflite of predict_images (export/tflite.py), whose
+    classes must agree with the SavedModel's on `tflite_min_agreement` of the
+    verification images."""
     if max_image_pixels:
         preprocess = dataclasses.replace(preprocess, max_image_pixels=max_image_pixels)
     config = model.ModelConfig(**estimator.params)
@@ -55,9 +59,16 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
     images = warmup.sample_images(data_dir, eval_split, num_verify_images, size)
 
     def before_publish(temp_dir):
+        report = {}
+        if tflite:
+            tflite_lib.write_tflite(temp_dir, images, preprocess)
         if verify:
             expected = predict_probabilities(estimator, images, checkpoint_path, preprocess)
-            report = verify_lib.verify_export(temp_dir, images, expected)
+            report.update(verify_lib.verify_export(temp_dir, images, expected))
+        if tflite:
+            report.update(tflite_lib.check_parity(temp_dir, images, preprocess,
+                                                  tflite_min_agreement))
+        if report:
             logging.info("export verified: %s", report)
         if eval_result is not None:
             extra = os.path.join(temp_dir, signatures.EXTRA_DIR, EVAL_RESULT_FILE)

@@ -143,13 +143,24 @@ class ServerOptions:
                                         "{ enable: true path: ... }.")
     platform_config_file: str = _flag("", "PlatformConfigMap (no effect here).",
                                       no_effect=True)
-    prefer_tflite_model: bool = _flag(False, "Serve model.tflite (no effect here).",
-                                      no_effect=True)
-    num_tflite_pools: int = _flag(CPUS, "TFLite interpreter pools (no effect here).",
-                                  no_effect=True)
+    prefer_tflite_model: bool = _flag(
+        False, "Serve a version from the model.tflite in its directory (TensorFlow Lite, "
+        "tf.lite.Interpreter) instead of its saved_model.pb; versions without one still "
+        "load their SavedModel.")
+    num_tflite_pools: int = _flag(
+        CPUS, "TFLite interpreters per model.tflite, each on one thread (default: the "
+        "CPUs, as TF Serving; 0 means 1).", lower_bound=0)
     num_tflite_interpreters_per_pool: int = _flag(
-        1, "TFLite interpreters per pool (no effect here).", no_effect=True)
-    enable_profiler: bool = _flag(True, "Profiler service (no effect here).", no_effect=True)
+        1, "Above 1, TF Serving's TFLite batch scheduler: a request is split into pieces "
+        "of at most 500/N rows and concurrent small requests are merged, run in parallel "
+        "over the --num_tflite_pools interpreters.", lower_bound=0)
+    enable_profiler: bool = _flag(
+        True, "Serve tensorflow.ProfilerService on the gRPC port: TensorBoard's 'capture "
+        "profile' and tf.profiler.experimental.client.trace collect a trace of the "
+        "server's model runs.")
+    profiler_max_duration_ms: int = _flag(
+        60000, "Longest profile (and start delay) a ProfilerService client may ask for; "
+        "longer is INVALID_ARGUMENT.", lower_bound=1, slimserve_only=True)
     thread_pool_factory_config_file: str = _flag("", "ThreadPoolConfig (no effect here).",
                                                  no_effect=True)
     skip_initialize_tpu: bool = _flag(False, "Skip TPU initialisation (no effect here).",

@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2_grpc
 from slimserve.serving import options as options_lib
 from slimserve.serving.api import grpc_service
 from slimserve.serving.api import http_server
+from slimserve.serving.api import profiler_service
 from slimserve.serving.api import tls
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
@@ -29,6 +30,7 @@ from slimserve.serving.core import batching as batching_lib
 from slimserve.serving.core import errors
 from slimserve.serving.core import inference
 from slimserve.serving.core import manager as manager_lib
+from slimserve.serving.core import tflite_servable
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 
@@ -177,7 +179,9 @@ class ModelServer:
             options.max_num_load_retries, options.load_retry_interval_micros,
             options.num_load_threads, options.allow_version_labels_for_unavailable_models,
             on_change=self.metrics.model_event, on_load=self.metrics.model_load,
-            saved_model_tags=tags)
+            saved_model_tags=tags, tflite=tflite_servable.TfLiteOptions(
+                options.num_tflite_pools, options.num_tflite_interpreters_per_pool)
+            if options.prefer_tflite_model else None)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
                                              self.metrics.observe_queue_wait)
                         if batching else None)
@@ -199,6 +203,9 @@ class ModelServer:
             futures.ThreadPoolExecutor(max_workers=options.grpc_max_threads),
             options=list(grpc_options.items()))
         grpc_service.add_to_server(self._grpc, self.service, self.reload_config)
+        if options.enable_profiler:
+            profiler_service.add_to_server(self._grpc, options.profiler_max_duration_ms)
+            logging.info("Profiler service is enabled")
         self.health = None
         if options.enable_grpc_healthcheck_service:
             self.health = health.HealthServicer()

@@ -22,6 +22,8 @@ import grpc
 import tensorflow as tf
 
 from slimserve.serving.core import errors
+from slimserve.serving.core import tflite_model
+from slimserve.serving.core import tflite_servable
 from slimserve.serving.core.servable import WARMUP_PATH, Servable
 from slimserve.serving.core.version_dirs import list_version_dirs, version_fingerprint
 from slimserve.serving.core.version_policy import versions_to_unload
@@ -66,7 +68,7 @@ class ModelManager:
     def __init__(self, configs, warmup=True, session_config=None, max_num_load_retries=5,
                  load_retry_interval_micros=DEFAULT_LOAD_RETRY_INTERVAL_MICROS,
                  num_load_threads=0, allow_version_labels_for_unavailable_models=False,
-                 on_change=None, on_load=None, saved_model_tags=None):
+                 on_change=None, on_load=None, saved_model_tags=None, tflite=None):
         """
         Args:
           configs: [ServedModel] served from the first poll on.
@@ -83,11 +85,14 @@ class ModelManager:
             every load attempt (warmup_seconds None when no warmup ran).
           saved_model_tags: the meta graph's tags (TF Serving's --saved_model_tags);
             default `serve`.
+          tflite: a tflite_servable.TfLiteOptions for --prefer_tflite_model: a version
+            holding model.tflite is served from it (else from its SavedModel).
         """
         _check_unique(configs)
         self._warmup = warmup
         self._session_config = session_config
         self._tags = list(saved_model_tags) if saved_model_tags else None
+        self._tflite = tflite.check() if tflite is not None else None
         self._max_retries = max_num_load_retries
         self._retry_interval = load_retry_interval_micros / 1e6
         self._allow_unavailable_labels = allow_version_labels_for_unavailable_models
@@ -140,7 +145,7 @@ class ModelManager:
 
     def _reconcile(self, model):
         config = model.config
-        on_disk = list_version_dirs(config.base_path)
+        on_disk = list_version_dirs(config.base_path, self._tflite is not None)
         aspired = config.policy.select(on_disk)
         with self._lock:
             for number, version in model.versions.items():
@@ -178,7 +183,7 @@ class ModelManager:
         started = time.monotonic()
         servable, load_seconds, warmup_seconds, warmed = None, 0.0, None, 0
         try:
-            servable = Servable(name, version.number, path, self._session_config, self._tags)
+            servable = self._servable(name, version.number, path)
             load_seconds = time.monotonic() - started
             if self._warmup and tf.io.gfile.exists(os.path.join(path, WARMUP_PATH)):
                 warmed = servable.warm_up()
@@ -209,6 +214,13 @@ class ModelManager:
         logging.info("loaded %s version %d in %.2f s (+%.2f s for %d warmup requests)", name,
                      version.number, load_seconds, warmup_seconds or 0.0, warmed)
         self._notify_load(name, version.number, path, True, load_seconds, warmup_seconds)
+
+    def _servable(self, name, number, path):
+        """The version's model.tflite with --prefer_tflite_model when it has one (as TF
+        Serving's bundle factory), else its SavedModel."""
+        if self._tflite is not None and tflite_model.has_model(path):
+            return tflite_servable.TfLiteServable(name, number, path, self._tflite)
+        return Servable(name, number, path, self._session_config, self._tags)
 
     def _unload(self, model, version):
         with self._lock:

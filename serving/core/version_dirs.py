@@ -1,13 +1,17 @@
 """A model's base path as TF Serving's file-system source sees it: integer-named version
-directories, each a SavedModel; and a fingerprint that tells when a version's files changed
+directories, each a SavedModel (or, with --prefer_tflite_model, a model.tflite); and a
+fingerprint that tells when a version's files changed
 (a failed load is retried at once when they do)."""
 import os
 
 import tensorflow as tf
 
+TFLITE_MODEL = "model.tflite"  # what --prefer_tflite_model serves (core/tflite_model.py)
 
-def list_version_dirs(base_path):
-    """{version: path} of integer-named sub-directories holding a saved_model.pb."""
+
+def list_version_dirs(base_path, accept_tflite=False):
+    """{version: path} of integer-named sub-directories holding a saved_model.pb (or a
+    model.tflite when `accept_tflite`: --prefer_tflite_model)."""
     if not tf.io.gfile.isdir(base_path):
         return {}
     found = {}
@@ -15,7 +19,8 @@ def list_version_dirs(base_path):
         name = name.rstrip("/")
         if name.isdigit():
             path = os.path.join(base_path, name)
-            if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
+            if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")) or (
+                    accept_tflite and tf.io.gfile.exists(os.path.join(path, TFLITE_MODEL))):
                 found[int(name)] = path
     return found
 

@@ -23,6 +23,7 @@ from slimserve.estimator import preprocessing
 from slimserve.estimator import run_files
 from slimserve.export import blessing
 from slimserve.export import exporters
+from slimserve.export import tflite
 from slimserve.export import verify
 from slimserve.export import writer
 from slimserve.cli import logs
@@ -50,6 +51,15 @@ flags.DEFINE_string("export_min_metric", blessing.AUTO,
                     "this bar: 'auto' = mean_per_class_accuracy above chance by a tenth of the "
                     "way to 1; a number = accuracy >= it; <metric>:<number>; 'none' = always "
                     "(also for a checkpoint that was never evaluated).")
+flags.DEFINE_bool("tflite", False,
+                  "Also write model.tflite (the predict_images signature, TFLite builtin "
+                  "ops) beside the SavedModel, for --prefer_tflite_model; its classes must "
+                  "agree with the SavedModel's on the verification images (the warmup file "
+                  "then holds predict_images requests only, which both models answer).")
+flags.DEFINE_float("tflite_min_agreement", tflite.DEFAULT_MIN_AGREEMENT,
+                   "With --tflite: the least fraction of verification images on which "
+                   "model.tflite and the SavedModel must give the same class.",
+                   lower_bound=0.0, upper_bound=1.0)
 flags.mark_flag_as_required("model_dir")
 
 
@@ -93,10 +103,13 @@ def main(argv):
             preprocessing.Spec.from_dict(run["serving"]),
             FLAGS.data_dir or run.get("data_dir"), FLAGS.eval_split or run.get("eval_split"),
             FLAGS.verify, FLAGS.num_verify_images, warmup_from=FLAGS.warmup_from,
-            max_image_pixels=FLAGS.max_image_pixels)
+            max_image_pixels=FLAGS.max_image_pixels, tflite=FLAGS.tflite,
+            tflite_min_agreement=FLAGS.tflite_min_agreement)
     except (verify.ExportVerificationError, ValueError) as error:
         sys.exit("slimserve-export: %s" % error)
     print(path)
+    if FLAGS.tflite:
+        print(tflite.describe(tflite.read_parity(path)))
 
 
 def run():

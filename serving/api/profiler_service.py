@@ -1,0 +1,237 @@
+"""tensorflow.ProfilerService on the server's gRPC port (--enable_profiler, on by default
+as in TF Serving 2.15, which registers TensorFlow's profiler service there).
+
+TensorBoard's "Capture profile", `tf.profiler.experimental.client.trace(
+'grpc://host:port', logdir, ms)` and TF's `profiler_client.trace` send a `Profile`
+request; like TF's ProfilerServiceImpl (tsl/profiler/rpc/profiler_service_impl.cc) the
+server runs TensorFlow's profiler in process for the requested duration and writes the
+trace itself to `<repository_root>/<session_id>/<host_name>.xplane.pb` (the client asks
+for `<logdir>/plugins/profile`, which TensorBoard's profile plugin reads). `Terminate`
+ends a session early; `Monitor` is UNIMPLEMENTED, as there.
+
+The wheel ships no Python messages for profiler_service.proto, so they are built here
+from its field list (the way config/messages.py builds TF Serving's config messages), in
+a private descriptor pool; `ProfileOptions` is the wheel's own profiler_options.proto.
+
+Bounds this server adds: a duration or start delay above --profiler_max_duration_ms is
+INVALID_ARGUMENT, and the trace is only written under a directory ending in
+`plugins/profile` with a single-component session id and host name (every TF client
+asks for exactly that), so a client cannot make the server write elsewhere.
+"""
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+
+import grpc
+import tensorflow as tf
+from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pool
+from google.protobuf import message_factory
+from tensorflow.tsl.profiler.protobuf import profiler_options_pb2
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+SERVICE = "tensorflow.ProfilerService"
+PLUGIN_DIR = ("plugins", "profile")  # tsl GetTensorBoardProfilePluginDir(logdir)
+XPLANE_SUFFIX = ".xplane.pb"
+_F = descriptor_pb2.FieldDescriptorProto
+_OPT, _REP = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
+
+# tsl/profiler/protobuf/profiler_service.proto (TF 2.15): name -> [(field, number, type,
+# label, message type)]. MonitorResponse's monitor_result (10) is left out: Monitor is
+# unimplemented.
+_MESSAGES = {
+    "ToolRequestOptions": [("output_formats", 2, _F.TYPE_STRING, _OPT, None),
+                           ("save_to_repo", 3, _F.TYPE_BOOL, _OPT, None)],
+    "ProfileRequest": [("duration_ms", 1, _F.TYPE_UINT64, _OPT, None),
+                       ("max_events", 2, _F.TYPE_UINT64, _OPT, None),
+                       ("tools", 3, _F.TYPE_STRING, _REP, None),
+                       ("tool_options", 8, _F.TYPE_MESSAGE, _REP,
+                        ".tensorflow.ProfileRequest.ToolOptionsEntry"),
+                       ("opts", 4, _F.TYPE_MESSAGE, _OPT, ".tensorflow.ProfileOptions"),
+                       ("repository_root", 5, _F.TYPE_STRING, _OPT, None),
+                       ("session_id", 6, _F.TYPE_STRING, _OPT, None),
+                       ("host_name", 7, _F.TYPE_STRING, _OPT, None)],
+    "ProfileToolData": [("name", 1, _F.TYPE_STRING, _OPT, None),
+                        ("data", 2, _F.TYPE_BYTES, _OPT, None)],
+    "ProfileResponse": [("tool_data", 6, _F.TYPE_MESSAGE, _REP, ".tensorflow.ProfileToolData"),
+                        ("empty_trace", 7, _F.TYPE_BOOL, _OPT, None)],
+    "TerminateRequest": [("session_id", 1, _F.TYPE_STRING, _OPT, None)],
+    "TerminateResponse": [],
+    "MonitorRequest": [("duration_ms", 1, _F.TYPE_UINT64, _OPT, None),
+                       ("monitoring_level", 2, _F.TYPE_INT32, _OPT, None),
+                       ("timestamp", 3, _F.TYPE_BOOL, _OPT, None)],
+    "MonitorResponse": [("data", 1, _F.TYPE_STRING, _OPT, None)],
+}
+
+
+def _build():
+    pool = descriptor_pool.DescriptorPool()
+    options = descriptor_pb2.FileDescriptorProto.FromString(
+        profiler_options_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(options)
+    file_proto = descriptor_pb2.FileDescriptorProto(
+        name="slimserve/profiler_service.proto", package="tensorflow", syntax="proto3",
+        dependency=[options.name])
+    for name, fields in _MESSAGES.items():
+        message = file_proto.message_type.add(name=name)
+        for field, number, kind, label, type_name in fields:
+            entry = message.field.add(name=field, number=number, type=kind, label=label)
+            if type_name:
+                entry.type_name = type_name
+        if name == "ProfileRequest":  # map<string, ToolRequestOptions> tool_options
+            entry = message.nested_type.add(name="ToolOptionsEntry")
+            entry.options.map_entry = True
+            entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_OPT)
+            entry.field.add(name="value", number=2, type=_F.TYPE_MESSAGE, label=_OPT,
+                            type_name=".tensorflow.ToolRequestOptions")
+    pool.Add(file_proto)
+    return {name: message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("tensorflow." + name)) for name in _MESSAGES}
+
+
+_CLASSES = _build()
+ProfileRequest = _CLASSES["ProfileRequest"]
+ProfileResponse = _CLASSES["ProfileResponse"]
+TerminateRequest = _CLASSES["TerminateRequest"]
+TerminateResponse = _CLASSES["TerminateResponse"]
+MonitorRequest = _CLASSES["MonitorRequest"]
+MonitorResponse = _CLASSES["MonitorResponse"]
+ProfileOptions = profiler_options_pb2.ProfileOptions
+
+
+class _Refused(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+def _check_request(request, max_duration_ms):
+    """(duration s, delay s, trace path) of a request, or _Refused naming its field."""
+    duration_ms = request.opts.duration_ms or request.duration_ms  # TF reads opts'
+    if duration_ms > max_duration_ms:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.opts.duration_ms "
+                       "%d is above --profiler_max_duration_ms=%d" % (duration_ms,
+                                                                      max_duration_ms))
+    delay_ms = 0.0
+    if request.opts.start_timestamp_ns:
+        delay_ms = max(0.0, (request.opts.start_timestamp_ns - time.time_ns()) / 1e6)
+        if delay_ms > max_duration_ms:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.opts."
+                           "start_timestamp_ns is %.0f ms away, above "
+                           "--profiler_max_duration_ms=%d" % (delay_ms, max_duration_ms))
+    root = request.repository_root.rstrip("/")
+    parts = root.replace("\\", "/").split("/")
+    if tuple(parts[-2:]) != PLUGIN_DIR or len(parts) < 3:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.repository_root "
+                       "%r is not <logdir>/plugins/profile" % request.repository_root)
+    host = request.host_name or socket.gethostname()
+    for field, value in (("session_id", request.session_id), ("host_name", host)):
+        if not value or value in (".", "..") or "/" in value or "\\" in value:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.%s %r is not "
+                           "one path component" % (field, value))
+    return (duration_ms / 1000.0, delay_ms, os.path.join(root, request.session_id,
+                                                         host + XPLANE_SUFFIX))
+
+
+def _options(opts, delay_ms):
+    """tf.profiler's options from the request's ProfileOptions; version 0 means TF's
+    defaults, as tsl's ProfilerSession reads it."""
+    if not opts.version:
+        return tf.profiler.experimental.ProfilerOptions(delay_ms=delay_ms or None)
+    return tf.profiler.experimental.ProfilerOptions(
+        host_tracer_level=opts.host_tracer_level, python_tracer_level=opts.python_tracer_level,
+        device_tracer_level=opts.device_tracer_level, delay_ms=delay_ms or None)
+
+
+def is_empty(xspace_bytes):
+    """tsl IsEmpty: no plane has a line with an event."""
+    space = xplane_pb2.XSpace.FromString(xspace_bytes)
+    return not any(line.events for plane in space.planes for line in plane.lines)
+
+
+class ProfilerService:
+    """Profile / Terminate / Monitor, registered on a grpc.Server by add_to_server."""
+
+    def __init__(self, max_duration_ms):
+        self.max_duration_ms = max_duration_ms
+        self._lock = threading.Lock()
+        self._running = {}  # session id -> threading.Event set by Terminate
+
+    def profile(self, request, context):
+        try:
+            duration, delay_ms, path = _check_request(request, self.max_duration_ms)
+        except _Refused as refused:
+            context.abort(refused.code, str(refused))
+        scratch = tempfile.mkdtemp(prefix="slimserve-profile-")
+        try:
+            try:
+                tf.profiler.experimental.start(scratch, _options(request.opts, delay_ms))
+            except tf.errors.OpError as error:  # e.g. another profile is running
+                context.abort(grpc.StatusCode.INTERNAL, error.message)
+            saved = False
+            terminated = threading.Event()
+            with self._lock:
+                self._running[request.session_id] = terminated
+            try:
+                deadline = time.monotonic() + delay_ms / 1000.0 + duration
+                while not terminated.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+                    if not context.is_active():
+                        context.abort(grpc.StatusCode.CANCELLED, "the client cancelled")
+                    if time.monotonic() >= deadline:
+                        break
+                tf.profiler.experimental.stop(save=True)
+                saved = True
+            finally:
+                with self._lock:
+                    self._running.pop(request.session_id, None)
+                if not saved:
+                    tf.profiler.experimental.stop(save=False)
+            written = tf.io.gfile.glob(os.path.join(scratch, *PLUGIN_DIR, "*",
+                                                    "*" + XPLANE_SUFFIX))
+            if not written:
+                context.abort(grpc.StatusCode.INTERNAL, "the profiler wrote no trace")
+            with open(written[0], "rb") as handle:
+                data = handle.read()
+            try:
+                tf.io.gfile.makedirs(os.path.dirname(path))
+                with tf.io.gfile.GFile(path, "wb") as handle:
+                    handle.write(data)
+            except (tf.errors.OpError, OSError) as error:
+                context.abort(grpc.StatusCode.INTERNAL, "cannot write %s: %s" % (
+                    path, getattr(error, "message", error)))
+            logging.info("profile of %.0f ms written to %s", duration * 1000, path)
+            return ProfileResponse(empty_trace=is_empty(data))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def terminate(self, request, context):
+        """Ends the running profile of `session_id` early (no-op for any other id)."""
+        del context
+        with self._lock:
+            terminated = self._running.get(request.session_id)
+        if terminated is not None:
+            terminated.set()
+        return TerminateResponse()
+
+    @staticmethod
+    def monitor(request, context):
+        del request
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "unimplemented.")
+
+
+def add_to_server(server, max_duration_ms):
+    """Registers tensorflow.ProfilerService on `server`; returns the servicer."""
+    servicer = ProfilerService(max_duration_ms)
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            method, request_deserializer=request.FromString,
+            response_serializer=lambda message: message.SerializeToString())
+        for name, method, request in (("Profile", servicer.profile, ProfileRequest),
+                                      ("Terminate", servicer.terminate, TerminateRequest),
+                                      ("Monitor", servicer.monitor, MonitorRequest))}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    return servicer

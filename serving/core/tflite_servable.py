@@ -1,0 +1,412 @@
+"""A version served from its `model.tflite` (--prefer_tflite_model) with TensorFlow's
+own `tf.lite.Interpreter`, as TF Serving 2.15.1's TfLiteSession serves it
+(servables/tensorflow/tflite_session.cc, tflite_interpreter_pool.cc).
+
+    servable = TfLiteServable("half_plus_two", 123, "/models/half_plus_two/123")
+    name, signature_def = servable.signature("serving_default")
+    outputs = servable.run(signature_def, {"x": np.array([[2.0]], np.float32)}, ["y"])
+
+What TF Serving does, and so this does:
+- Signatures are the TensorFlow SignatureDefs in the model's metadata (tflite_model.py);
+  a model without them gets one `serving_default` (method predict) whose keys are its
+  input and output tensor names without a `:N` suffix. A signature's tensor names
+  resolve to interpreter tensors by exact name, else without the `:N` suffix.
+- `--num_tflite_pools` interpreters, each on one thread; a request takes a free one
+  (waiting for one if all are busy), resizes its inputs to the request's shapes when they
+  differ (the model's graph decides what runs), invokes and returns it.
+- `--num_tflite_interpreters_per_pool` > 1 puts TF Serving's batch scheduler in front:
+  a request's rows are split into pieces of at most 500 / n rows (or the model's fixed
+  batch size), pieces of concurrent requests with the same inputs are merged up to that
+  size, and one worker thread per interpreter runs them in parallel.
+- Resize, allocation and invocation failures are INTERNAL with TF Serving's messages.
+Differences, each because of the Python runtime: a model with custom ops (Select TF
+"Flex" ops, which TF Serving cannot run, or TF Serving's ParseExample, which the Python
+interpreter has no kernel for) fails to load with a message naming them; a request whose
+dtype differs from the tensor's is INVALID_ARGUMENT (TF Serving copies its bytes as is).
+"""
+import collections
+import dataclasses
+import logging
+import queue
+import threading
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import tensor_shape_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from slimserve.serving.core import errors
+from slimserve.serving.core import tflite_model
+from slimserve.serving.core.servable import DEFAULT_SIGNATURE, Servable
+
+PREDICT_METHOD = tf.saved_model.PREDICT_METHOD_NAME
+# TF Serving's internal::kInitialBatchSize: the scheduler's largest batch.
+INITIAL_BATCH_SIZE = 500
+MAX_POOLS = 1024  # bounds --num_tflite_pools (each interpreter holds its own arenas)
+# TfLiteTypeToTfType: the interpreter types a signature may carry.
+_TF_TYPES = {np.dtype(np.float32): tf.float32, np.dtype(np.int32): tf.int32,
+             np.dtype(np.uint8): tf.uint8, np.dtype(np.int64): tf.int64,
+             np.dtype(np.bytes_): tf.string, np.dtype(np.bool_): tf.bool,
+             np.dtype(np.int16): tf.int16, np.dtype(np.complex64): tf.complex64,
+             np.dtype(np.int8): tf.int8}
+
+
+@dataclasses.dataclass
+class TfLiteOptions:
+    """--num_tflite_pools and --num_tflite_interpreters_per_pool (TF Serving's meaning)."""
+    num_pools: int = 1
+    num_interpreters_per_pool: int = 1
+
+    def check(self):
+        if not 0 <= self.num_pools <= MAX_POOLS:
+            raise ValueError("--num_tflite_pools must be in 0..%d, got %d"
+                             % (MAX_POOLS, self.num_pools))
+        if not 0 <= self.num_interpreters_per_pool <= INITIAL_BATCH_SIZE:
+            raise ValueError("--num_tflite_interpreters_per_pool must be in 0..%d, got %d"
+                             % (INITIAL_BATCH_SIZE, self.num_interpreters_per_pool))
+        return self
+
+
+def _internal(message, *args):
+    return errors.ServingError(grpc.StatusCode.INTERNAL, message % args if args else message)
+
+
+def _legacy_name(name):
+    """TfToTfLiteLegacyTensorName: early converters dropped TF's `:0` suffix."""
+    return name.split(":", 1)[0]
+
+
+def _resolve(names, name):
+    """FixTfLiteTensorName: the interpreter tensor `name` means, exactly or legacy."""
+    if name in names:
+        return name
+    if _legacy_name(name) in names:
+        return _legacy_name(name)
+    raise _internal("Unknown tensor '%s'.", name)
+
+
+def _tensor_info(detail):
+    """TfLiteTensorToTensorInfo: dtype, name and the model's dims (not the -1 signature)."""
+    dtype = _TF_TYPES.get(np.dtype(detail["dtype"]))
+    if dtype is None:
+        raise _internal("Unknown TfLite type: %s", np.dtype(detail["dtype"]).name)
+    info = meta_graph_pb2.TensorInfo(name=detail["name"], dtype=dtype.as_datatype_enum)
+    info.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in detail["shape"]]))
+    return info
+
+
+def _tensor_map(details, kind):
+    """GetTensorInfoMap: {tensor name: (TensorInfo, index)} of the model's inputs/outputs."""
+    found = {}
+    for detail in details:
+        if not detail["name"]:
+            raise _internal("%s name missing for tensor index: %d", kind, detail["index"])
+        if detail["name"] in found:
+            raise errors.ServingError(grpc.StatusCode.ALREADY_EXISTS, "%s tensor name: %s has "
+                                      "multiple indices" % (kind, detail["name"]))
+        found[detail["name"]] = (_tensor_info(detail), detail["index"])
+    return found
+
+
+def _signatures(data, inputs, outputs):
+    """TfLiteSession::Create's signatures: the metadata's, names checked, or one made up."""
+    try:
+        found = tflite_model.read_signature_defs(data)
+    except ValueError as error:
+        raise errors.invalid("Invalid SignatureDefs found in TfLite model: %s", error) from None
+    for key, signature_def in found.items():
+        for kind, infos, known in (("input", signature_def.inputs, inputs),
+                                   ("output", signature_def.outputs, outputs)):
+            for alias, info in infos.items():
+                try:
+                    info.name = _resolve(known, info.name)
+                except errors.ServingError as error:
+                    raise _internal("%s\n\tSignature %s %s references an unknown tensor",
+                                    error.full_message, kind, alias) from None
+    if found:
+        return found
+    logging.warning("No signature def found in TFLite model. Generating one.")
+    made = meta_graph_pb2.SignatureDef(method_name=PREDICT_METHOD)
+    for infos, tensors in ((made.inputs, inputs), (made.outputs, outputs)):
+        for name in sorted(tensors):  # std::map order: a later `a:1` replaces `a:0`
+            infos[_legacy_name(name)].CopyFrom(tensors[name][0])
+    return {DEFAULT_SIGNATURE: made}
+
+
+class _Interpreter:
+    """One interpreter and the input shapes it is allocated for (TfLiteInterpreterWrapper)."""
+
+    def __init__(self, data):
+        # One thread per interpreter, as TF Serving: parallelism comes from the pool.
+        self.interpreter = tf.lite.Interpreter(model_content=data, num_threads=1)
+        self.interpreter.allocate_tensors()
+        self.dtypes = {d["index"]: np.dtype(d["dtype"])
+                       for d in self.interpreter.get_input_details()}
+        self.shapes = {d["index"]: tuple(d["shape"]) for d in self.interpreter.get_input_details()}
+
+    def run(self, feeds, output_indices):
+        """feeds: [(tensor index, name, ndarray)] -> [ndarray per output index]."""
+        interpreter = self.interpreter
+        resized = False
+        for index, name, value in feeds:
+            if value.shape != self.shapes.get(index):
+                try:
+                    interpreter.resize_tensor_input(index, list(value.shape), strict=False)
+                except (ValueError, RuntimeError, OverflowError) as error:
+                    self.shapes.clear()  # resize again next time, whatever it was
+                    raise _internal("Failed to resize input tensor: %s to %s: %s", name,
+                                    list(value.shape), _first_line(error)) from None
+                resized = True
+        if resized:
+            try:
+                interpreter.allocate_tensors()
+            except (ValueError, RuntimeError, MemoryError) as error:
+                self.shapes.clear()
+                raise _internal("Failed to allocate tensors: %s", _first_line(error)) from None
+            for index, _, value in feeds:
+                self.shapes[index] = value.shape
+        try:
+            for index, _, value in feeds:
+                interpreter.set_tensor(index, value)
+            interpreter.invoke()
+        except (ValueError, RuntimeError) as error:
+            raise _internal("Failed to invoke TfLite interpreter: %s",
+                            _first_line(error)) from None
+        return [interpreter.get_tensor(index) for index in output_indices]
+
+
+def _first_line(error):
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+class _Piece:
+    """Some rows of one request, waiting for a worker (TfLiteBatchTask)."""
+    __slots__ = ("key", "feeds", "rows", "done", "result", "error")
+
+    def __init__(self, key, feeds, rows):
+        self.key, self.feeds, self.rows = key, feeds, rows
+        self.done = threading.Event()
+        self.result = self.error = None
+
+
+class _Scheduler:
+    """TF Serving's BasicBatchScheduler over the interpreters when
+    --num_tflite_interpreters_per_pool > 1: batch timeout 0, large requests split into
+    pieces of at most `max_rows`, one worker per interpreter, at most 100 batches queued
+    per interpreter (UNAVAILABLE beyond, as TF Serving's full queue)."""
+
+    def __init__(self, interpreters, max_rows):
+        self.max_rows = max_rows
+        self._limit = 100 * len(interpreters) * max_rows
+        self._pending = collections.deque()
+        self._queued = 0
+        self._cond = threading.Condition()
+        self._stopped = False
+        self.batches_run = 0  # for tests and logs: how the rows were cut and merged
+        self.batch_rows = collections.deque(maxlen=64)  # rows of the latest batches
+        self._threads = [threading.Thread(target=self._work, args=(interpreter,),
+                                          name="tflite-%d" % i, daemon=True)
+                         for i, interpreter in enumerate(interpreters)]
+        for thread in self._threads:
+            thread.start()
+
+    def run(self, feeds, output_indices):
+        rows = {value.shape[0] if value.ndim else -1 for _, _, value in feeds}
+        pieces = []
+        if len(rows) == 1 and min(rows) > 0:
+            total = rows.pop()
+            key = (tuple((i, v.dtype.str, v.shape[1:]) for i, _, v in feeds),
+                   tuple(output_indices))
+            for start in range(0, total, self.max_rows):
+                stop = min(total, start + self.max_rows)
+                pieces.append(_Piece(key, [(i, n, v[start:stop]) for i, n, v in feeds],
+                                     stop - start))
+        else:  # scalars, empty or ragged batches: one piece of its own, never merged
+            pieces.append(_Piece((object(), tuple(output_indices)), feeds, 0))
+        with self._cond:
+            if self._stopped:
+                raise errors.unavailable("the TFLite model is unloading")
+            rows_asked = sum(p.rows for p in pieces)
+            if self._queued + rows_asked > self._limit:
+                raise errors.unavailable("The batch scheduling queue to which this task was "
+                                         "submitted is full (%d rows queued)", self._queued)
+            self._pending.extend(pieces)
+            self._queued += rows_asked
+            self._cond.notify_all()
+        for piece in pieces:
+            piece.done.wait()
+        for piece in pieces:
+            if piece.error is not None:
+                raise piece.error
+        if len(pieces) == 1:
+            return pieces[0].result
+        return [np.concatenate([p.result[k] for p in pieces])
+                for k in range(len(output_indices))]
+
+    def _take(self):
+        """The oldest piece plus later ones with the same key, up to max_rows rows."""
+        with self._cond:
+            while not self._pending:
+                if self._stopped:
+                    return None
+                self._cond.wait()
+            first = self._pending.popleft()
+            taken, rows = [first], first.rows
+            if first.rows:
+                kept = collections.deque()
+                while self._pending:
+                    piece = self._pending.popleft()
+                    if piece.key == first.key and rows + piece.rows <= self.max_rows:
+                        taken.append(piece)
+                        rows += piece.rows
+                    else:
+                        kept.append(piece)
+                self._pending = kept
+            self._queued -= rows
+            self.batches_run += 1
+            self.batch_rows.append(rows)
+            return taken
+
+    def _work(self, interpreter):
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            try:
+                if len(taken) == 1:
+                    taken[0].result = interpreter.run(taken[0].feeds, list(taken[0].key[1]))
+                else:
+                    self._run_merged(interpreter, taken)
+            except errors.ServingError as error:
+                for piece in taken:
+                    piece.error = error
+            except Exception as error:  # pylint: disable=broad-except
+                for piece in taken:
+                    piece.error = _internal("%s", error)
+            for piece in taken:
+                piece.done.set()
+
+    @staticmethod
+    def _run_merged(interpreter, taken):
+        first = taken[0]
+        feeds = [(index, name, np.concatenate([p.feeds[k][2] for p in taken]))
+                 for k, (index, name, _) in enumerate(first.feeds)]
+        outputs = interpreter.run(feeds, list(first.key[1]))
+        rows = sum(p.rows for p in taken)
+        if any(o.ndim == 0 or o.shape[0] != rows for o in outputs):
+            raise _internal("Tensor split operation failed: an output's first dimension is "
+                            "not the batch of %d rows", rows)
+        start = 0
+        for piece in taken:
+            piece.result = [o[start:start + piece.rows] for o in outputs]
+            start += piece.rows
+
+    def stop(self):
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+class TfLiteSession:
+    """One TFLite model: its signatures and a pool of interpreters (TfLiteSession)."""
+
+    def __init__(self, data, options=None):
+        options = (options or TfLiteOptions()).check()
+        unsupported = tflite_model.custom_ops(data)
+        if unsupported:
+            raise _internal("Cannot build Interpreter from buffer: custom op(s) %s have no "
+                            "kernel here (TF Serving runs the builtin ops and ParseExample, "
+                            "this server's TFLite runtime the builtin ops only)",
+                            ", ".join(unsupported))
+        first = _Interpreter(data)
+        self.inputs = _tensor_map(first.interpreter.get_input_details(), "Input")
+        self.outputs = _tensor_map(first.interpreter.get_output_details(), "Output")
+        self.signatures = _signatures(data, self.inputs, self.outputs)
+        interpreters = [first] + [_Interpreter(data)
+                                  for _ in range(max(1, options.num_pools) - 1)]
+        self._pool = queue.LifoQueue()  # TF Serving's pool hands out the last returned
+        self.scheduler = None
+        if options.num_interpreters_per_pool > 1:
+            details = first.interpreter.get_input_details()
+            model_batch = int(details[0]["shape"][0]) if len(details) == 1 and len(
+                details[0]["shape"]) else -1
+            self.scheduler = _Scheduler(
+                interpreters, model_batch if model_batch > 1 else
+                -(-INITIAL_BATCH_SIZE // options.num_interpreters_per_pool))
+        else:
+            for interpreter in interpreters:
+                self._pool.put(interpreter)
+
+    def run(self, feeds, output_names):
+        """feeds: [(tensor name, ndarray)]; -> [ndarray per output name]."""
+        resolved = []
+        for name, value in feeds:
+            try:
+                info, index = self.inputs[_resolve(self.inputs, name)]
+            except errors.ServingError as error:
+                raise _internal("%s\n\tMissing input TFLite tensor: %s", error.full_message,
+                                name) from None
+            value = np.asarray(value)
+            if info.dtype == tf.string.as_datatype_enum:
+                if value.dtype.kind not in "OS":
+                    raise errors.invalid("Expects arg[%s] to be string but %s is provided",
+                                         name, value.dtype.name)
+            elif value.dtype != tf.as_dtype(info.dtype).as_numpy_dtype:
+                raise errors.invalid("Expects arg[%s] to be %s but %s is provided", name,
+                                     tf.as_dtype(info.dtype).name, value.dtype.name)
+            else:
+                value = np.ascontiguousarray(value)
+            resolved.append((index, name, value))
+        resolved.sort(key=lambda feed: feed[0])  # TF Serving feeds in tensor-index order
+        output_indices = []
+        for name in output_names:
+            try:
+                output_indices.append(self.outputs[_resolve(self.outputs, name)][1])
+            except errors.ServingError as error:
+                raise _internal("Missing output TFLite tensor: %s: %s", name,
+                                error.full_message) from None
+        if self.scheduler is not None:
+            return self.scheduler.run(resolved, output_indices)
+        interpreter = self._pool.get()  # waits while every interpreter is busy
+        try:
+            return interpreter.run(resolved, output_indices)
+        finally:
+            self._pool.put(interpreter)
+
+    def close(self):
+        """Drops the interpreters (the servable calls this once no request is in flight)."""
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        while not self._pool.empty():
+            self._pool.get_nowait()
+
+
+class TfLiteServable(Servable):
+    """A version served from `<path>/model.tflite`; the interface of Servable (acquire,
+    release, retire, signature, run, warm_up), so the inference service and the batcher
+    treat both alike. `session` is the TfLiteSession (what TF Serving puts in the
+    bundle's session). `TfLiteServable.load(path, options)` reads name and version off
+    the path as Servable.load does."""
+
+    def __init__(self, name, version, path, options=None):  # pylint: disable=super-init-not-called
+        self.name = name
+        self.version = version
+        self.path = path
+        self.session = TfLiteSession(tflite_model.read_model(path), options)
+        self.signatures = self.session.signatures
+        self._in_flight = 0
+        self._retired = False
+        self._lock = threading.Lock()
+
+    def run(self, signature_def, feeds, output_keys):
+        """feeds: {input key: ndarray}; returns {output key: ndarray}."""
+        values = self.session.run(
+            [(signature_def.inputs[key].name, value) for key, value in feeds.items()],
+            [signature_def.outputs[key].name for key in output_keys])
+        return dict(zip(output_keys, values))
+
