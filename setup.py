@@ -42,6 +42,9 @@ setup(
         "Pillow>=9.0",
         "tqdm>=4.60",
         "waitress>=3.0.2,<3.1",  # the REST API's HTTP server (serving/api/rest_api.py subclasses it)
+        # FlexBuffers: the SignatureDefs TF Serving keeps in a model.tflite's metadata
+        # (serving/core/tflite_model.py); TensorFlow 2.15 itself requires >= 23.5.26.
+        "flatbuffers>=23.5.26",
     ],
     extras_require={
         "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",

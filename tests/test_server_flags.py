@@ -62,7 +62,7 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
         "--load_retry_interval_micros=1000000", "--num_load_threads=2",
         "--allow_version_labels_for_unavailable_models=true",
         "--enable_signature_method_name_check=true", "--saved_model_tags=serve",
-        "--flush_filesystem_caches=true", "--enable_profiler=false",
+        "--flush_filesystem_caches=true", "--skip_initialize_tpu=true",
     ]
     process, port, rest_port = start_server_process(
         command, prefix=["prlimit", "--as=6000000000"], cwd=ROOT)
@@ -95,8 +95,8 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
         errors = process.stderr.read()
-        assert "--enable_profiler=False is accepted for TF Serving compatibility and has no " \
-            "effect here" in errors
+        assert "--skip_initialize_tpu=True is accepted for TF Serving compatibility and has " \
+            "no effect here" in errors
         # Given at its default value it changes nothing, so it is not reported.
         assert "--flush_filesystem_caches" not in errors
     finally:

@@ -147,7 +147,12 @@ class _Interpreter:
         self.shapes = {d["index"]: tuple(d["shape"]) for d in self.interpreter.get_input_details()}
 
     def run(self, feeds, output_indices):
-        """feeds: [(tensor index, name, ndarray)] -> [ndarray per output index]."""
+        """feeds: [(tensor index, name, ndarray)] -> [ndarray per output index]; one event
+        in a profile (--enable_profiler): TFLite's kernels are not TensorFlow ops."""
+        with tf.profiler.experimental.Trace("TfLiteSession::Run"):
+            return self._run(feeds, output_indices)
+
+    def _run(self, feeds, output_indices):
         interpreter = self.interpreter
         resized = False
         for index, name, value in feeds:
