@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.lite.python import schema_py_generated as schema
 from tensorflow_serving.apis import get_model_metadata_pb2
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.apis import model_service_pb2_grpc
@@ -80,7 +81,6 @@ def test_signature_defs_round_trip_through_the_model_metadata():
     second = {"other": tflite_models.signature_def("tflite_input")}
     rewritten = tflite_model.with_signature_defs(written, second)
     assert tflite_model.read_signature_defs(rewritten) == second
-    from tensorflow.lite.python import schema_py_generated as schema  # pylint: disable=import-outside-toplevel
     model = schema.Model.GetRootAsModel(rewritten, 0)
     names = [model.Metadata(i).Name() for i in range(model.MetadataLength())]
     assert names.count(tflite_model.SIGNATURE_DEFS_METADATA.encode()) == 1

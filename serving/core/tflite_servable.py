@@ -140,10 +140,15 @@ class _Interpreter:
 
     def __init__(self, data):
         # One thread per interpreter, as TF Serving: parallelism comes from the pool.
-        self.interpreter = tf.lite.Interpreter(model_content=data, num_threads=1)
-        self.interpreter.allocate_tensors()
-        self.dtypes = {d["index"]: np.dtype(d["dtype"])
-                       for d in self.interpreter.get_input_details()}
+        try:
+            self.interpreter = tf.lite.Interpreter(model_content=data, num_threads=1)
+        except (ValueError, RuntimeError) as error:
+            raise _internal("Cannot build Interpreter from buffer: %s",
+                            _first_line(error)) from None
+        try:
+            self.interpreter.allocate_tensors()
+        except (ValueError, RuntimeError, MemoryError) as error:
+            raise _internal("Failed to allocate tensors: %s", _first_line(error)) from None
         self.shapes = {d["index"]: tuple(d["shape"]) for d in self.interpreter.get_input_details()}
 
     def run(self, feeds, output_indices):
@@ -248,6 +253,9 @@ class _Scheduler:
                 raise piece.error
         if len(pieces) == 1:
             return pieces[0].result
+        if any(o.ndim == 0 or o.shape[0] != p.rows for p in pieces for o in p.result):
+            raise _internal("Tensor concat operation failed: an output's first dimension is "
+                            "not the batch of its %d-row piece", pieces[0].rows)
         return [np.concatenate([p.result[k] for p in pieces])
                 for k in range(len(output_indices))]
 

@@ -8,6 +8,8 @@ atomically with warmup requests, and verifies it against estimator.predict.
 Like the training exporters it exports only a checkpoint whose evaluation clears
 --export_min_metric: it trusts the evaluation the run recorded for that checkpoint's step
 (<model_dir>/eval/ events, written by slimserve-train) rather than evaluating again.
+With --tflite the version also carries model.tflite (export/tflite.py), and the parity
+of the two models is printed after the version's path.
 """
 import dataclasses
 import logging
