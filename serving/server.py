@@ -284,7 +284,11 @@ class ModelServer:
                         "filename_prefix %r is not a request log location this server's own "
                         "config names; a ReloadConfigRequest may choose where logs go only "
                         "under --request_log_dir" % collector.filename_prefix)
-                request_log.make_directory(prefix)
+                try:
+                    request_log.make_directory(prefix)
+                except ValueError as error:
+                    raise ValueError("filename_prefix %r: %s"
+                                     % (collector.filename_prefix, error)) from None
             except ValueError as error:
                 raise ValueError("%s: model %s: %s" % (where, config.name, error)) from None
             plan[config.name] = (prefix, rate)

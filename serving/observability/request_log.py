@@ -106,8 +106,11 @@ def make_directory(filename_prefix):
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as error:
+        why = error.strerror or str(error)
+        if isinstance(error, FileExistsError):
+            why = "a file of that name exists"
         raise ValueError("cannot create the request log directory %s: %s"
-                         % (directory, error.strerror or error)) from None
+                         % (directory, why)) from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ValueError("the request log directory %s is not writable" % directory)
 
