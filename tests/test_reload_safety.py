@@ -86,7 +86,7 @@ def _server(tmp_path, *entries, **options):
     return server, config_file
 
 
-def test_a_failing_reload_changes_nothing(bases, tmp_path):
+def test_a_reload_whose_log_directory_fails_changes_nothing(bases, tmp_path):
     tiny, other = bases
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -103,19 +103,28 @@ def test_a_failing_reload_changes_nothing(bases, tmp_path):
             assert str(tmp_path) not in details  # no server path
             assert _predict(channel, "tiny") == 2
             assert _predict(channel, "other") == grpc.StatusCode.NOT_FOUND
+            assert server.service.request_loggers["tiny"].filename_prefix == str(logs / "tiny")
+    finally:
+        server.stop()
+
+
+def test_a_reload_that_fails_to_load_changes_no_kept_model(bases, tmp_path):
+    tiny, _ = bases
+    server, _ = _server(tmp_path, _entry("tiny", tiny))
+    try:
+        with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
+            assert _predict(channel, "tiny") == 2
             # A kept model's new policy is not applied when another model of the same
-            # reload fails to load: version 2 keeps serving, version 1 is not loaded.
+            # reload fails to load: version 2 keeps serving, version 1 stays unloaded.
             code, details = _reload(
-                channel, _entry("tiny", tiny, "tiny",
+                channel, _entry("tiny", tiny, None,
                                 "model_version_policy { specific { versions: 1 } }"),
                 _entry("missing", str(tmp_path / "no-such-model")))
             assert code == grpc.StatusCode.UNKNOWN and str(tmp_path) not in details
+            assert "missing" in details
             assert _predict(channel, "tiny") == 2
             assert server.manager.available_versions("tiny") == [2]
             assert _predict(channel, "missing") == grpc.StatusCode.NOT_FOUND
-            # The request logger of the kept model still writes where it did.
-            assert set(server.service.request_loggers) == {"tiny"}
-            assert server.service.request_loggers["tiny"].filename_prefix == str(logs / "tiny")
     finally:
         server.stop()
 
@@ -170,7 +179,7 @@ def test_without_request_log_dir_a_reload_cannot_pick_a_new_location(bases, tmp_
     assert len(request_log.read_logs(operator + "*")) == 1
 
 
-def test_the_config_poller_survives_a_failing_edit(bases, tmp_path):
+def test_the_config_poller_survives_a_failing_edit(bases, tmp_path, caplog):
     tiny, other = bases
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where a directory would be")
@@ -180,8 +189,8 @@ def test_the_config_poller_survives_a_failing_edit(bases, tmp_path):
         with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
             config_file.write_text(_config_text(_entry("tiny", tiny),
                                                 _entry("other", other, str(blocker / "x"))))
-            wait_until(lambda: server._config_error is not None, timeout=60,  # pylint: disable=protected-access
-                       message="the poller to try the bad edit")
+            wait_until(lambda: "Failed to reload --model_config_file" in caplog.text,
+                       timeout=60, message="the poller to report the bad edit")
             assert _predict(channel, "other") == grpc.StatusCode.NOT_FOUND
             assert any(t.name == "model-config-poller" for t in threading.enumerate())
             config_file.write_text(_config_text(_entry("tiny", tiny), _entry("other", other)))
