@@ -180,6 +180,8 @@ class ModelServer:
         _check(options)
         self.options = options
         configs, self._config_loaded, where = _model_configs(options)
+        self._retired_log_counts = {}  # (model, status_code) -> n of loggers closed
+        self._loggers_lock = threading.Lock()  # a logger retires and its counts move at once
         self._log_dir = _request_log_dir(options)
         # Request-log locations the operator's own config names: without --request_log_dir,
         # the only ones a ReloadConfigRequest may use (see _plan_request_logs).
@@ -212,8 +214,7 @@ class ModelServer:
         self.service.window = request_window.RequestWindow(label=self.metrics.model_label)
         self._apply_request_logs(log_plan)
         self._operator_prefixes = frozenset(prefix for prefix, _ in log_plan.values())
-        self.metrics.add_collector(
-            lambda: metrics_lib.request_log_families(self.service.request_loggers))
+        self.metrics.add_collector(self._request_log_families)
         self._config_error = None  # the last failed edit of --model_config_file, logged once
         self._stopping = threading.Event()
         self._config_thread = None
@@ -301,12 +302,22 @@ class ModelServer:
         for name in list(current):
             logger = current[name]
             if plan.get(name) != (logger.filename_prefix, logger.sampling_rate):
-                del current[name]
-                logger.close()
+                logger.close()  # requests see it closed and stop sampling
+                with self._loggers_lock:
+                    del current[name]
+                    for code, count in [("OK", logger.written)] + list(logger.drops.items()):
+                        key = (name, code)
+                        self._retired_log_counts[key] = self._retired_log_counts.get(key, 0) \
+                            + count
         for name, (prefix, rate) in plan.items():
             if name not in current:
                 current[name] = request_log.RequestLogger(
                     prefix, rate, queue_bytes=self.options.request_log_queue_bytes)
+
+    def _request_log_families(self):
+        with self._loggers_lock:
+            return metrics_lib.request_log_families(self.service.request_loggers,
+                                                    self._retired_log_counts)
 
     def flush_request_logs(self, timeout=None):
         """Publishes every model's open request log file now (SIGUSR1 to slimserve-server),

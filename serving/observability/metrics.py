@@ -169,7 +169,10 @@ class Metrics:
             histogram = self._latency.get(key) or self._latency.setdefault(
                 key, _Histogram(LATENCY_BUCKETS))
             histogram.add(LATENCY_BUCKETS, micros)
-            if version is not None:
+            # Only versions still serving: a request that ends after its version was
+            # unloaded must not bring back the series model_event dropped.
+            if version is not None and self._version_states.get(
+                    (model, int(version))) in ("AVAILABLE", "UNLOADING"):
                 key = (model, str(version), signature or "", api, entrypoint)
                 histogram = self._by_version.get(key) or self._by_version.setdefault(
                     key, _Histogram(LATENCY_BUCKETS))
@@ -274,15 +277,15 @@ def _histograms(name, labels, series, bounds):
     return family
 
 
-def request_log_families(loggers):
+def request_log_families(loggers, retired=None):
     """TF Serving's request_log_count for {model: RequestLogger}: records written (OK) and
     not written by status (RESOURCE_EXHAUSTED: the queue was full or the disk; others: the
-    write error's code)."""
-    values = {}
-    for model, logger in loggers.items():
-        values[(model, "OK")] = logger.written
-        for code, count in list(logger.drops.items()):
-            values[(model, code)] = count
+    write error's code), plus `retired` {(model, status_code): n} of loggers a reload
+    replaced, so the counters never go down."""
+    values = dict(retired or {})
+    for model, logger in list(loggers.items()):
+        for code, count in [("OK", logger.written)] + list(logger.drops.items()):
+            values[(model, code)] = values.get((model, code), 0) + count
         values.setdefault((model, "RESOURCE_EXHAUSTED"), 0)
     return [_counter(REQUEST_LOG_COUNT, ["model_name", "status_code"], values)]
 

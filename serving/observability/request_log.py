@@ -228,6 +228,10 @@ class RequestLogger:
         if self._thread.is_alive():
             logging.warning("request log %s: still writing after %.0f s; closing anyway",
                             self.filename_prefix, timeout)
+        logging.info("request log %s: closed; %d record(s) written, %d not written%s",
+                     self.filename_prefix, self.written, self.dropped,
+                     " (%s)" % ", ".join("%s %d" % item for item in sorted(self.drops.items()))
+                     if self.drops else "")
 
     # --- the writer thread -------------------------------------------------------------
 
