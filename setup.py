@@ -42,6 +42,9 @@ setup(
         "Pillow>=9.0",
         "tqdm>=4.60",
         "waitress>=3.0.2,<3.1",  # the REST API's HTTP server (serving/api/rest_api.py subclasses it)
+        # The /monitoring/prometheus/metrics exposition (registry, format) and the parser
+        # the tuner and bench-serve read it back with (serving/observability/metrics.py).
+        "prometheus_client>=0.17,<1",
     ],
     extras_require={
         "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",

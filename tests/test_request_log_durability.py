@@ -2,20 +2,23 @@
 issue 23, flushing on demand): a full disk, two writers on one prefix, kill -9, large
 records, and SIGUSR1 publishing the open file. Real files, a real tmpfs that fills up,
 a real slimserve-server process killed for real, under a memory cap."""
+import concurrent.futures
 import contextlib
 import os
 import signal
 import subprocess
-import time
+import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from prometheus_client import parser
 from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 from tests import tiny_models
 from tests.helpers import start_server_process, wait_until
@@ -194,5 +197,47 @@ def test_flush_on_sigusr1_and_records_survive_kill_9(tmp_path):
         report = []
         assert len(request_log.read_logs(prefix + "*", report=report)) == 39
         assert len(report) == 2 and not any(r.torn_bytes or r.recovered for r in report)
+    finally:
+        _stop(process)
+
+
+def test_large_logged_requests_from_six_clients_do_not_kill_the_server(tmp_path):
+    """Valid 30 MiB Predicts logged at sampling 1.0 from 6 clients: the queue's byte bound
+    drops (and counts) what the writer cannot keep up with, instead of holding every
+    request until the process dies (it did: SIGSEGV under this cap)."""
+    base = str(tmp_path / "tiny")
+    tiny_models.write_tiny_model(base, 1)
+    config = _config(tmp_path, base, str(tmp_path / "logs" / "tiny"))
+    monitoring = tmp_path / "monitoring.config"
+    monitoring.write_text("prometheus_config { enable: true }")
+    process, port, rest_port = start_server_process(
+        ["--model_config_file=%s" % config, "--monitoring_config_file=%s" % monitoring,
+         "--file_system_poll_wait_seconds=0", "--enable_model_warmup=false"],
+        prefix=["prlimit", "--as=%d" % (4 * 1024 ** 3)], stderr=subprocess.DEVNULL)
+    request, _ = _pair((30 << 20) // 8)  # 30 MiB of float32 rows
+    request.output_filter.append("y")
+    try:
+        with grpc.insecure_channel("127.0.0.1:%d" % port, options=[
+                ("grpc.max_send_message_length", 1 << 30),
+                ("grpc.max_receive_message_length", 1 << 30)]) as channel:
+            predict = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict
+
+            def one(_):
+                try:
+                    return predict(request, timeout=300).model_spec.version.value
+                except grpc.RpcError as error:
+                    return error.code()
+
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(one, range(48)))
+        assert process.poll() is None, "server died (%s)" % process.poll()
+        assert answers == [1] * 48, set(map(str, answers))
+        url = "http://127.0.0.1:%d%s" % (rest_port, metrics_lib.PATH)
+        with urllib.request.urlopen(url, timeout=60) as response:
+            text = response.read().decode()
+        counts = {s.labels["status_code"]: s.value
+                  for f in parser.text_string_to_metric_families(text)
+                  if f.name == metrics_lib.REQUEST_LOG_COUNT for s in f.samples}
+        assert counts["RESOURCE_EXHAUSTED"] > 0 and counts["OK"] > 0, counts
     finally:
         _stop(process)
