@@ -26,7 +26,6 @@ requests, RSS growth under 100 MB after the first minute, and every record count
 written read back; the figures go to stdout and <work_dir>/soak.json.
 """
 import argparse
-import base64
 import collections
 import concurrent.futures
 import glob
@@ -80,27 +79,27 @@ if __name__ == "__main__":
     ARGS = _parse_args()
     _private_namespace()
 
-from slimserve.cli import logs  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.cli import logs  # noqa: E402
 
 logs.quiet_tensorflow()
 logging.getLogger().setLevel(logging.WARNING)  # the shipper's per-file lines
-import grpc  # noqa: E402  pylint: disable=wrong-import-position
-import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
-import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
-from google.protobuf import text_format  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.apis import classification_pb2  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.apis import get_model_status_pb2  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.apis import model_management_pb2  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.apis import model_service_pb2_grpc  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.apis import predict_pb2  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.apis import prediction_service_pb2_grpc  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.apis import regression_pb2  # noqa: E402  pylint: disable=wrong-import-position
-from tensorflow_serving.config import model_server_config_pb2  # noqa: E402  pylint: disable=wrong-import-position
+# pylint: disable=wrong-import-position  (after quiet_tensorflow and the namespace switch)
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from google.protobuf import text_format  # noqa: E402
+from tensorflow_serving.apis import classification_pb2  # noqa: E402
+from tensorflow_serving.apis import get_model_status_pb2  # noqa: E402
+from tensorflow_serving.apis import model_management_pb2  # noqa: E402
+from tensorflow_serving.apis import model_service_pb2_grpc  # noqa: E402
+from tensorflow_serving.apis import predict_pb2  # noqa: E402
+from tensorflow_serving.apis import prediction_service_pb2_grpc  # noqa: E402
+from tensorflow_serving.apis import regression_pb2  # noqa: E402
 
-from slimserve.serving import server as server_lib  # noqa: E402  pylint: disable=wrong-import-position
-from slimserve.serving.observability import metrics as metrics_lib  # noqa: E402  pylint: disable=wrong-import-position
-from slimserve.serving.observability import request_log  # noqa: E402  pylint: disable=wrong-import-position
-from tests import tiny_models  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving import server as server_lib  # noqa: E402
+from slimserve.serving.observability import metrics as metrics_lib  # noqa: E402
+from slimserve.serving.observability import request_log  # noqa: E402
+from tests import tiny_models  # noqa: E402
 
 C = grpc.StatusCode
 BIG_EVERY_SECONDS = 10.0  # per valid client: a 4 MiB Predict (a 10 MiB log record)
