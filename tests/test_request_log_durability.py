@@ -111,6 +111,8 @@ def test_two_loggers_with_one_prefix_never_share_a_file(tmp_path):
         assert logger.written == 60 and logger.dropped == 0
     assert len(request_log.read_logs(prefix + "*")) == 120
     assert _hidden(tmp_path / "logs") == []
+    with pytest.raises(ValueError, match="is a directory"):  # a pattern too wide: said so
+        request_log.read_logs(str(tmp_path / "*"))
 
 
 def test_the_queue_is_bounded_in_bytes_and_counts_what_it_drops(tmp_path):
