@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-input bench-train bench-serve bench-bulk bench-warmup clean
+.PHONY: demo test bench bench-input bench-train bench-serve bench-bulk bench-warmup soak clean
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
@@ -36,6 +36,11 @@ bench-bulk: $(STAMP)
 
 bench-warmup: $(STAMP)
 	$(PY) benchmarks/bench_warmup.py
+
+# The 10-minute hostile soak of docs/reliability.md (not part of `make test`): a server
+# under prlimit, hostile and valid traffic, config edits, version churn, a full log disk.
+soak: $(STAMP)
+	nice -n 10 $(PY) benchmarks/soak.py
 
 clean:
 	rm -rf demo_out bench_out .pytest_cache

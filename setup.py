@@ -45,6 +45,9 @@ setup(
         # FlexBuffers: the SignatureDefs TF Serving keeps in a model.tflite's metadata
         # (serving/core/tflite_model.py); TensorFlow 2.15 itself requires >= 23.5.26.
         "flatbuffers>=23.5.26",
+        # The /monitoring/prometheus/metrics exposition (registry, format) and the parser
+        # the tuner and bench-serve read it back with (serving/observability/metrics.py).
+        "prometheus_client>=0.17,<1",
     ],
     extras_require={
         "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",

@@ -138,6 +138,17 @@ class ServerOptions:
         tensors.DEFAULT_MAX_BROADCAST_ELEMENTS, "Largest tensor a TensorProto may fill from fewer "
         "values than its shape has elements (TF's rule: last value repeated, zeros when "
         "none).", lower_bound=0, slimserve_only=True)
+    # --- request logging (a model's logging_config) ---------------------------------------
+    request_log_dir: str = _flag(
+        "", "Directory every request log is written under: a logging_config's "
+        "filename_prefix (from --model_config_file or a ReloadConfigRequest) is relative to "
+        "it, and one outside it is refused. Empty: prefixes from --model_config_file are "
+        "used as given, and a ReloadConfigRequest may only name those.", slimserve_only=True)
+    request_log_queue_bytes: int = _flag(
+        64 * 2 ** 20, "Bytes of sampled requests (and their responses) waiting per model to "
+        "be written to its request log; past it records are dropped and counted in "
+        "request_log_count{status_code=\"RESOURCE_EXHAUSTED\"}.", lower_bound=1,
+        slimserve_only=True)
     # --- other runtimes and services ------------------------------------------------------
     monitoring_config_file: str = _flag("", "Text-format MonitoringConfig: prometheus_config "
                                         "{ enable: true path: ... }.")

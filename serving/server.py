@@ -33,6 +33,7 @@ from slimserve.serving.core import manager as manager_lib
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
+from slimserve.serving.observability import request_window
 
 PICK_FREE_PORT = options_lib.PICK_FREE_PORT  # bind any free port; ModelServer reports it
 # TF Serving lets gRPC accept messages of any size; so do we unless told otherwise.
@@ -111,17 +112,33 @@ def _check(options):
 
 
 def _model_configs(options):
-    """(initial [ServedModel], the ModelServerConfig read from --model_config_file or None)."""
+    """(initial [ServedModel], the ModelServerConfig read from --model_config_file or None,
+    what to name as their source in errors)."""
     if isinstance(options.model_server_config, (list, tuple)):
-        return list(options.model_server_config), None  # [ServedModel], in process
+        return list(options.model_server_config), None, "model_server_config"  # in process
     if options.model_server_config is not None:
         return model_config.served_models_from_proto(options.model_server_config,
-                                                     "model_server_config"), None
+                                                     "model_server_config"), None, \
+            "model_server_config"
     if options.model_config_file:
+        where = "--model_config_file %s" % options.model_config_file
         config = files.read_model_server_config(options.model_config_file)
-        return model_config.served_models_from_proto(
-            config, "--model_config_file %s" % options.model_config_file), config
-    return [model_config.ServedModel(options.model_name, options.model_base_path)], None
+        return model_config.served_models_from_proto(config, where), config, where
+    return [model_config.ServedModel(options.model_name, options.model_base_path)], None, \
+        "--model_base_path"
+
+
+def _request_log_dir(options):
+    """--request_log_dir made absolute (symlinks resolved) and created, or None."""
+    if not options.request_log_dir:
+        return None
+    path = os.path.realpath(options.request_log_dir)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ValueError("--request_log_dir %s: cannot create it: %s"
+                         % (options.request_log_dir, error.strerror or error)) from None
+    return path
 
 
 def _batching(options):
@@ -164,7 +181,14 @@ class ModelServer:
         options = (options or options_lib.ServerOptions()).replace(**changes)
         _check(options)
         self.options = options
-        configs, self._config_loaded = _model_configs(options)
+        configs, self._config_loaded, where = _model_configs(options)
+        self._retired_log_counts = {}  # (model, status_code) -> n of loggers closed
+        self._loggers_lock = threading.Lock()  # a logger retires and its counts move at once
+        self._log_dir = _request_log_dir(options)
+        # Request-log locations the operator's own config names: without --request_log_dir,
+        # the only ones a ReloadConfigRequest may use (see _plan_request_logs).
+        self._operator_prefixes = frozenset()
+        log_plan = self._plan_request_logs(configs, where, from_operator=True)
         batching = _batching(options)
         ssl_config = _ssl_config(options)
         monitoring = _monitoring_path(options)
@@ -189,9 +213,13 @@ class ModelServer:
             self.manager, self.batcher, self.metrics, options.max_request_elements,
             options.max_broadcast_elements,
             method_name_check=options.enable_signature_method_name_check)
-        self._sync_request_loggers(configs)
-        self.metrics.add_collector(
-            lambda: metrics_lib.request_log_lines(self.service.request_loggers))
+        # Requests are counted, and shown on the status page, under served model names only.
+        self.metrics.set_served_models(c.name for c in configs)
+        self.service.window = request_window.RequestWindow(label=self.metrics.model_label)
+        self._apply_request_logs(log_plan)
+        self._operator_prefixes = frozenset(prefix for prefix, _ in log_plan.values())
+        self.metrics.add_collector(self._request_log_families)
+        self._config_error = None  # the last failed edit of --model_config_file, logged once
         self._stopping = threading.Event()
         self._config_thread = None
         self._reload_lock = threading.Lock()  # one model-set change at a time
@@ -236,29 +264,75 @@ class ModelServer:
                 ssl_context=tls.server_ssl_context(ssl_config) if ssl_config else None)
             self.rest_api_port = self._rest.port
 
-    def _sync_request_loggers(self, configs):
-        """One RequestLogger per model whose config has a logging_config (TF Serving's
-        grammar, written by serving/observability/request_log.py); loggers of removed or changed
-        models are closed (their files published)."""
-        wanted = {c.name: c.logging_config for c in configs
-                  if getattr(c, "logging_config", None) is not None}
+    def _plan_request_logs(self, configs, where, from_operator):
+        """{model: (resolved filename_prefix, sampling_rate)} for the configs' logging_config
+        (TF Serving's grammar, written by serving/observability/request_log.py), checked
+        and with their directories made, before anything changes. Raises ValueError naming
+        `where`, the model and the prefix.
+
+        Where logs may go: with --request_log_dir, under it (request_log.resolve_prefix),
+        whoever sent the config. Without it, the operator's config (the --model_config_file
+        as read at start or polled, or the in-process config) may name any prefix, and a
+        ReloadConfigRequest (from_operator False: a network client) only one of those."""
+        plan = {}
+        for config in configs:
+            logging_config = getattr(config, "logging_config", None)
+            if logging_config is None:
+                continue
+            collector = logging_config.log_collector_config
+            if not collector.filename_prefix and not collector.type:
+                continue
+            try:
+                prefix = request_log.resolve_prefix(collector.filename_prefix, self._log_dir)
+                rate = logging_config.sampling_config.sampling_rate
+                request_log.check_sampling_rate(rate)
+                if not from_operator and self._log_dir is None and \
+                        prefix not in self._operator_prefixes:
+                    raise ValueError(
+                        "filename_prefix %r is not a request log location this server's own "
+                        "config names; a ReloadConfigRequest may choose where logs go only "
+                        "under --request_log_dir" % collector.filename_prefix)
+                try:
+                    request_log.make_directory(prefix)
+                except ValueError as error:
+                    raise ValueError("filename_prefix %r: %s"
+                                     % (collector.filename_prefix, error)) from None
+            except ValueError as error:
+                raise ValueError("%s: model %s: %s" % (where, config.name, error)) from None
+            plan[config.name] = (prefix, rate)
+        return plan
+
+    def _apply_request_logs(self, plan):
+        """One RequestLogger per model of `plan` (checked by _plan_request_logs); loggers of
+        removed or changed models are closed (their files published)."""
         current = self.service.request_loggers
         for name in list(current):
             logger = current[name]
-            config = wanted.get(name)
-            if config is None or (config.log_collector_config.filename_prefix,
-                                  config.sampling_config.sampling_rate) != (
-                                      logger.filename_prefix, logger.sampling_rate):
-                del current[name]
-                logger.close()
-        for name, config in wanted.items():
+            if plan.get(name) != (logger.filename_prefix, logger.sampling_rate):
+                logger.close()  # requests see it closed and stop sampling
+                with self._loggers_lock:
+                    del current[name]
+                    for code, count in [("OK", logger.written)] + list(logger.drops.items()):
+                        key = (name, code)
+                        self._retired_log_counts[key] = self._retired_log_counts.get(key, 0) \
+                            + count
+        for name, (prefix, rate) in plan.items():
             if name not in current:
-                try:
-                    logger = request_log.RequestLogger.from_config(config)
-                except ValueError as error:
-                    raise ValueError("model %s: %s" % (name, error)) from None
-                if logger is not None:
-                    current[name] = logger
+                current[name] = request_log.RequestLogger(
+                    prefix, rate, queue_bytes=self.options.request_log_queue_bytes)
+
+    def _request_log_families(self):
+        with self._loggers_lock:
+            return metrics_lib.request_log_families(self.service.request_loggers,
+                                                    self._retired_log_counts)
+
+    def flush_request_logs(self, timeout=None):
+        """Publishes every model's open request log file now (SIGUSR1 to slimserve-server),
+        so a canary can read the traffic without waiting for rotation. With a timeout,
+        waits for the files and says whether all were published in time."""
+        results = [logger.flush(timeout)
+                   for logger in list(self.service.request_loggers.values())]
+        return all(results) if timeout is not None else None
 
     def _add_port(self, address, credentials):
         bound = (self._grpc.add_secure_port(address, credentials) if credentials
@@ -267,33 +341,64 @@ class ModelServer:
             raise OSError("cannot bind gRPC to %s" % address)
         return bound
 
-    def reload_config(self, config_proto):
-        """HandleReloadConfigRequest / config-file polling: serve exactly these models,
-        loading new ones before unloading old ones (ModelManager.reload)."""
+    def reload_config(self, config_proto, where="ReloadConfigRequest", from_operator=False):
+        """HandleReloadConfigRequest / config-file polling: serve exactly these models.
+
+        All or nothing: the configs and their request-log locations are checked first
+        (INVALID_ARGUMENT naming the model), then ModelManager.reload loads new models
+        before it unloads old ones and changes nothing when one fails; only then are the
+        request loggers swapped. Errors are ServingErrors whose messages name no server
+        path."""
         try:
-            configs = model_config.served_models_from_proto(config_proto,
-                                                           "ReloadConfigRequest")
+            configs = model_config.served_models_from_proto(config_proto, where)
         except ValueError as error:
             raise errors.invalid("%s", error) from None
         with self._reload_lock:
-            self.manager.reload(configs)
             try:
-                self._sync_request_loggers(configs)
+                plan = self._plan_request_logs(configs, where, from_operator)
             except ValueError as error:
                 raise errors.invalid("%s", error) from None
+            try:
+                self.manager.reload(configs)
+            except errors.ServingError:
+                raise
+            except Exception as error:  # pylint: disable=broad-except
+                logging.exception("%s: reload failed", where)
+                raise errors.ServingError(grpc.StatusCode.INTERNAL, "%s: reload failed: %s"
+                                          % (where, error)) from None
+            self.metrics.set_served_models(c.name for c in configs)
+            self._apply_request_logs(plan)
+            if from_operator:
+                self._operator_prefixes = frozenset(prefix for prefix, _ in plan.values())
 
     def _poll_config_file(self):
+        """Applies each edit of --model_config_file. Survives anything a bad edit does: the
+        error is logged once per edit and the file is read again at the next poll."""
         path = self.options.model_config_file
+        where = "--model_config_file %s" % path
         while not self._stopping.wait(self.options.model_config_file_poll_wait_seconds):
+            config = None
             try:
                 config = files.read_model_server_config(path)
                 if config == self._config_loaded:
                     continue
-                logging.info("--model_config_file %s changed: reloading", path)
-                self.reload_config(config)
+                logging.info("%s changed: reloading", where)
+                self.reload_config(config, where, from_operator=True)
                 self._config_loaded = config
+                self._config_error = None
             except (ValueError, errors.ServingError) as error:
-                logging.error("Failed to reload --model_config_file: %s", error)
+                self._config_failed(config, getattr(error, "full_message", None) or error)
+            except Exception as error:  # pylint: disable=broad-except  (never the poller)
+                logging.exception("%s: applying the edit failed", where)
+                self._config_failed(config, error)
+
+    def _config_failed(self, config, error):
+        key = (config.SerializeToString() if config is not None else None, str(error))
+        if key != self._config_error:
+            logging.error("Failed to reload --model_config_file: %s (serving the previous "
+                          "config; the file is read again every %d s)", error,
+                          self.options.model_config_file_poll_wait_seconds)
+            self._config_error = key
 
     def start(self):
         """Loads the initial versions, then starts polling and both front ends."""

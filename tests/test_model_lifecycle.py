@@ -63,14 +63,14 @@ def _predict(manager, name="m", version=None, label=None):
         servable.release()
 
 
-def _metric_values(metrics, name):
-    """{label text: value} for one metric of the Prometheus text Metrics renders."""
-    values = {}
-    for line in metrics.render().splitlines():
-        if line.startswith(name + "{"):
-            labels, value = line[len(name):].rsplit(" ", 1)
-            values[labels] = float(value)
-    return values
+def _metric(text, name, **labels):
+    """The value of one sample of a Prometheus exposition, read by prometheus_client's
+    parser (None when absent); a counter's sample is NAME_total there."""
+    family = metrics_lib.families_from_text(text).get(name)
+    for sample in family.samples if family else ():
+        if sample.name in (name, name + "_total") and sample.labels == labels:
+            return sample.value
+    return None
 
 
 def _manager(configs, metrics=None, **kwargs):
@@ -112,22 +112,22 @@ def test_junk_successor_never_interrupts_serving_and_loads_once_fixed(tiny_sourc
         (two_state, two_error), one_state = manager.status("m")[0][1:], manager.status("m")[1]
         assert (two_state, one_state) == ("END", (1, "AVAILABLE", ""))
         assert two_error  # GetModelStatus says why version 2 is not served
-        attempts = _metric_values(metrics, metrics_lib.LOAD_ATTEMPTS)
-        assert attempts['{model_path="%s",status="fail"}' % junk] == 1
+        assert _metric(metrics.render(), metrics_lib.LOAD_ATTEMPTS, model_path=str(junk),
+                       status="fail") == 1
 
         shutil.rmtree(junk)
         _copy_version(tiny_source, base, 2)  # fixed: its files changed, so retried at once
         manager.poll()
         assert _predict(manager) == (2, EXPECTED_Y)
         assert manager.status("m") == [(2, "AVAILABLE", ""), (1, "END", "")]
-        states = _metric_values(metrics, metrics_lib.MODEL_STATE)
-        assert states['{model_name="m",version="2",state="AVAILABLE"}'] == 1
-        assert states['{model_name="m",version="1",state="END"}'] == 1
-        assert states['{model_name="m",version="1",state="AVAILABLE"}'] == 0
-        attempts = _metric_values(metrics, metrics_lib.LOAD_ATTEMPTS)
-        assert attempts['{model_path="%s",status="success"}' % junk] == 1
-        assert _metric_values(metrics, metrics_lib.LOAD_LATENCY)[
-            '{model_path="%s"}' % junk] > 0
+        text = metrics.render()
+        state = metrics_lib.MODEL_STATE
+        assert _metric(text, state, model_name="m", version="2", state="AVAILABLE") == 1
+        assert _metric(text, state, model_name="m", version="1", state="END") == 1
+        assert _metric(text, state, model_name="m", version="1", state="AVAILABLE") == 0
+        assert _metric(text, metrics_lib.LOAD_ATTEMPTS, model_path=str(junk),
+                       status="success") == 1
+        assert _metric(text, metrics_lib.LOAD_LATENCY, model_path=str(junk)) > 0
     finally:
         manager.stop()
 
@@ -304,11 +304,11 @@ def test_server_reports_failed_version_over_grpc_and_prometheus(tiny_source, tmp
         url = "http://127.0.0.1:%d%s" % (server.rest_api_port, metrics_lib.PATH)
         with urllib.request.urlopen(url) as response:
             text = response.read().decode()
-        assert '%s{model_name="m",version="1",state="AVAILABLE"} 1' % (
-            metrics_lib.MODEL_STATE) in text
-        assert '%s{model_name="m",version="2",state="END"} 1' % metrics_lib.MODEL_STATE in text
-        assert '%s{model_path="%s",status="fail"} 1' % (
-            metrics_lib.LOAD_ATTEMPTS, base / "2") in text
+        state = metrics_lib.MODEL_STATE
+        assert _metric(text, state, model_name="m", version="1", state="AVAILABLE") == 1
+        assert _metric(text, state, model_name="m", version="2", state="END") == 1
+        assert _metric(text, metrics_lib.LOAD_ATTEMPTS, model_path=str(base / "2"),
+                       status="fail") == 1
     finally:
         server.stop()
 

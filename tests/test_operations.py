@@ -21,6 +21,7 @@ from slimserve.serving.tools import client as client_lib
 from slimserve.serving.tools import compare
 from slimserve.serving.config import model_config
 from slimserve.serving.core import version_policy
+from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 from slimserve.serving.core import servable as servable_lib
 from tests import tiny_models
@@ -104,13 +105,22 @@ def test_metrics_are_per_version_and_signature_with_queue_waits_and_log_counts(t
     finally:
         server.stop()
     assert content_type.startswith("text/plain")
-    assert (':tensorflow:serving:request_latency_count{model_name="tiny",version="3",'
-            'signature_name="serving_default",API="predict",entrypoint="GRPC"} 1') in text
-    assert (':tensorflow:serving:request_latency_count{model_name="tiny",version="3",'
-            'signature_name="regress",API="regress",entrypoint="REST"} 1') in text
-    assert ':tensorflow:serving:batching_session:queuing_latency_count{thread_pool_name=' \
-           '"batch"} 2' in text  # both requests went through the batcher
-    assert ':tensorflow:serving:request_log_count{model_name="tiny",status_code="OK"}' in text
+    families = metrics_lib.families_from_text(text)  # prometheus_client's own parser
+
+    def value(name, sample, **labels):
+        return next((s.value for s in families[name].samples
+                     if s.name == sample and s.labels == labels), None)
+
+    by_version = metrics_lib.LATENCY_BY_VERSION
+    assert value(by_version, by_version + "_count", model_name="tiny", version="3",
+                 signature_name="serving_default", API="Predict", entrypoint="GRPC") == 1
+    assert value(by_version, by_version + "_count", model_name="tiny", version="3",
+                 signature_name="regress", API="regress", entrypoint="REST") == 1
+    queuing = metrics_lib.QUEUING_LATENCY
+    assert value(queuing, queuing + "_count", thread_pool_name="batch") == 2  # both batched
+    log_count = metrics_lib.REQUEST_LOG_COUNT
+    assert value(log_count, log_count + "_total", model_name="tiny", status_code="OK") \
+        is not None
     logs = request_log.read_logs(prefix + "*")
     assert sorted(log.WhichOneof("log_type") for log in logs) == ["predict_log", "regress_log"]
 

@@ -91,7 +91,8 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
             assert _predict(channel) == pytest.approx(expected)
         url = "http://127.0.0.1:%d/monitoring/prometheus/metrics" % rest_port
         with urllib.request.urlopen(url, timeout=30) as response:
-            assert 'model_name="tiny",api="predict",status="OK"' in response.read().decode()
+            assert ':tensorflow:serving:request_count{model_name="tiny",status="OK"}' in \
+                response.read().decode()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
         errors = process.stderr.read()

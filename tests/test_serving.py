@@ -291,9 +291,11 @@ def test_metrics_endpoint_counts_requests(server, client, digits_data):
     with urllib.request.urlopen("http://127.0.0.1:%d/monitoring/prometheus/metrics"
                                 % server.rest_api_port) as response:
         text = response.read().decode()
-    assert ':tensorflow:serving:request_count{model_name="resnet",api="predict",status="OK"}' \
-        in text
-    assert ':tensorflow:serving:request_latency_bucket{model_name="resnet",version=' in text
+    families = metrics.families_from_text(text)
+    assert any(s.labels == {"model_name": "resnet", "status": "OK"} and s.value >= 1
+               for s in families[metrics.REQUEST_COUNT].samples)
+    assert any(s.labels.get("model_name") == "resnet" and s.labels["API"] == "Predict"
+               for s in families[metrics.REQUEST_LATENCY].samples)
 
 
 def test_model_config_file_and_sigterm(tmp_path, base_path, digits_data):

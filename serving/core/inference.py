@@ -23,6 +23,19 @@ PREDICT_METHOD = tf.saved_model.PREDICT_METHOD_NAME
 CLASSIFY_METHOD = tf.saved_model.CLASSIFY_METHOD_NAME
 REGRESS_METHOD = tf.saved_model.REGRESS_METHOD_NAME
 INPUTS, CLASSES, SCORES, OUTPUTS = "inputs", "classes", "scores", "outputs"
+# Longest model, signature or version-label name a request may carry: far above any real
+# one, and checked before a name reaches an error message, a metric or a log.
+MAX_NAME_LENGTH = 1024
+
+
+def check_names(**names):
+    """INVALID_ARGUMENT for a request name longer than MAX_NAME_LENGTH (keyword: what the
+    name is, e.g. model=..., signature=...)."""
+    for kind, name in names.items():
+        if name and len(name) > MAX_NAME_LENGTH:
+            raise errors.invalid("%s name of %d characters is longer than this server's "
+                                 "limit of %d", kind.replace("_", " "), len(name),
+                                 MAX_NAME_LENGTH)
 
 
 def _error(code, message, *args):
@@ -139,7 +152,8 @@ class InferenceService:
         self.request_loggers = {}  # model name -> request_log.RequestLogger
 
     @contextlib.contextmanager
-    def _servable(self, name, version, label):
+    def _servable(self, name, version, label, signature_name=""):
+        check_names(model=name, version_label=label, signature=signature_name)
         if not name:
             raise errors.invalid("ModelSpec has no name specified.")
         servable = self.manager.acquire(name, version, label)
@@ -194,7 +208,7 @@ class InferenceService:
         """feeds: {key: ndarray}, or a function of the signature's inputs map returning
         it (gRPC decodes its TensorProtos against the signature of the very version that
         runs them, with one servable lookup) -> (version, signature name, {key: ndarray})."""
-        with self._servable(name, version, label) as servable:
+        with self._servable(name, version, label, signature_name) as servable:
             signature_name, sig = servable.signature(signature_name, "predict")
             if callable(feeds):
                 feeds = feeds(sig.inputs)
@@ -237,7 +251,7 @@ class InferenceService:
 
     def classify(self, name, version, label, signature_name, serialized_examples):
         """-> (version, signature name, classes [B,C] bytes or None, scores [B,C] or None)."""
-        with self._servable(name, version, label) as servable:
+        with self._servable(name, version, label, signature_name) as servable:
             signature_name, sig = servable.signature(signature_name, "classify")
             keys = check_classification_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
@@ -248,7 +262,7 @@ class InferenceService:
 
     def regress(self, name, version, label, signature_name, serialized_examples):
         """-> (version, signature name, outputs float32 [B])."""
-        with self._servable(name, version, label) as servable:
+        with self._servable(name, version, label, signature_name) as servable:
             signature_name, sig = servable.signature(signature_name, "regress")
             keys = check_regression_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
@@ -264,6 +278,8 @@ class InferenceService:
         -> (model name, version, [(method, signature name as given, result)]) where result
         is (classes, scores) for classify and outputs [B] for regress."""
         model_name = tasks[0][0] if tasks else ""
+        for task_model, signature_name, _ in tasks:
+            check_names(model=task_model, signature=signature_name)
         with self._servable(model_name, version, label) as servable:
             seen, plans = set(), []
             feeds_sig = meta_graph_pb2.SignatureDef()
@@ -330,5 +346,6 @@ class InferenceService:
         """Like get_model_status_impl.cc: a version label is ignored, every version listed.
         Load-failure messages reach clients without server paths."""
         del label
+        check_names(model=name)
         return [(number, state, errors.scrub_paths(message) if message else message)
                 for number, state, message in self.manager.status(name, version)]

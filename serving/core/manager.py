@@ -129,21 +129,23 @@ class ModelManager:
                 with self._lock:
                     self._labels = labels
 
-    def _reconcile_all(self, models):
+    def _reconcile_all(self, models, unload=True):
         if self._pool is not None and len(models) > 1:
-            list(self._pool.map(self._reconcile_logged, models))
+            list(self._pool.map(lambda model: self._reconcile_logged(model, unload), models))
         else:
             for model in models:
-                self._reconcile_logged(model)
+                self._reconcile_logged(model, unload)
 
-    def _reconcile_logged(self, model):
+    def _reconcile_logged(self, model, unload=True):
         try:
-            self._reconcile(model)
+            self._reconcile(model, unload)
         except Exception:  # pylint: disable=broad-except
             logging.exception("polling %s (model %s) failed", model.config.base_path,
                               model.config.name)
 
-    def _reconcile(self, model):
+    def _reconcile(self, model, unload=True):
+        """Loads the versions the policy wants; with `unload`, also unloads those it no
+        longer wants once a wanted one serves (reload() defers that until it commits)."""
         config = model.config
         on_disk = list_version_dirs(config.base_path, self._tflite is not None)
         aspired = config.policy.select(on_disk)
@@ -161,6 +163,8 @@ class ModelManager:
                 continue
             if self._load_due(version, on_disk[number]):
                 self._load(model, version, on_disk[number])
+        if not unload:
+            return
         with self._lock:
             available = [n for n, v in model.versions.items() if v.state == AVAILABLE]
         for number in versions_to_unload(aspired, available):
@@ -255,13 +259,16 @@ class ModelManager:
     # --- replacing the model set ----------------------------------------------------
 
     def reload(self, configs):
-        """Serves exactly `configs` ([ServedModel]) from now on.
+        """Serves exactly `configs` ([ServedModel]) from now on, or changes nothing.
 
         New models (and models whose base path changed) are loaded first; the reload
-        fails, changing nothing, unless each has an AVAILABLE version and every version
-        label names an AVAILABLE version (see allow_version_labels_for_unavailable_models).
-        Only then are removed models unloaded. Changed policies and labels of kept models
-        apply with the same availability-preserving rules as new versions on disk.
+        fails unless each has an AVAILABLE version. Kept models then load the versions
+        their new policy wants (nothing is unloaded yet), and every version label must
+        name an AVAILABLE version (see allow_version_labels_for_unavailable_models). Any
+        failure retires what this reload loaded and returns every kept model to its old
+        config, so the served set is what it was. Only after that are removed models
+        unloaded, and versions kept models no longer want, with the same
+        availability-preserving rules as new versions on disk.
         Raises errors.ServingError (INVALID_ARGUMENT, UNKNOWN or FAILED_PRECONDITION).
         """
         try:
@@ -278,18 +285,22 @@ class ModelManager:
                 model = old.get(config.name)
                 if model is not None and model.config.base_path == config.base_path:
                     kept[config.name] = (model, model.config)
-                    model.config = config
                 else:
                     fresh[config.name] = _Model(config)
             candidates = dict(fresh)
             candidates.update((name, model) for name, (model, _) in kept.items())
-            self._reconcile_all(list(candidates.values()))
             try:
+                self._reconcile_all(list(fresh.values()))
                 self._check_loaded(fresh)
+                for config in configs:
+                    if config.name in kept:
+                        kept[config.name][0].config = config
+                self._reconcile_all([model for model, _ in kept.values()], unload=False)
                 labels = self._label_map(candidates.values())
             except errors.ServingError:
                 for model, config in kept.values():
-                    model.config = config  # the next poll returns to the old policy
+                    model.config = config
+                self._reconcile_all([model for model, _ in kept.values()])  # back as it was
                 for name, model in fresh.items():
                     self._retire_model(model)
                     if name in old:
@@ -300,6 +311,7 @@ class ModelManager:
                 self._labels = labels
                 for name in candidates:
                     self._removed.pop(name, None)
+            self._reconcile_all([model for model, _ in kept.values()])  # now unload
             for name, model in old.items():
                 if candidates.get(name) is not model:
                     self._retire_model(model)

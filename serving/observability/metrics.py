@@ -1,188 +1,307 @@
-"""Prometheus text-format metrics: request counts by model/API/status; request latency
-per model, version, signature, API and entrypoint (TF Serving's request_latency, in
-microseconds, with version and signature_name labels added); the state of every model
-version and its load attempts; with batching on, the sizes of the batches run and how
-long requests queued for them; request-log records written and dropped. Served at TF
-Serving's default path /monitoring/prometheus/metrics.
+"""Prometheus metrics through prometheus_client, with TF Serving 2.15.1's names, labels and
+fixed bucket boundaries, served at TF Serving's default path /monitoring/prometheus/metrics.
 
-Load metrics keep TensorFlow's own names (its SavedModel loader exports
-/tensorflow/cc/saved_model/load_attempt_count and load_latency by model_path, and TF
-Serving /tensorflow/serving/model_warmup_latency); TF Serving 2.15 has no per-version
-state gauge, so MODEL_STATE is slimserve's, named in the same scheme."""
+Each server has its own CollectorRegistry holding one collector that turns this module's
+counts into prometheus_client metric families at scrape time (HELP and TYPE lines, label
+escaping and sample formatting are the library's). What is exported:
+
+- request_count {model_name, status} and request_latency {model_name, API, entrypoint}
+  (microseconds, only for requests that succeeded: servables/tensorflow/util.cc,
+  prediction_service_impl.cc, http_server.cc). API is TF Serving's: Predict, Classify,
+  Regress, MultiInference, GetModelMetadata on gRPC, the URL's verb on REST;
+- batching_session:processed_batch_size and queuing_latency {thread_pool_name}
+  (batching_util.h, batching_session.cc), request_log_count {model_name, status_code}
+  (core/request_logger.cc), model_warmup_latency {model_path, status}, TensorFlow's
+  saved_model load_attempt_count {model_path, status} and load_latency {model_path};
+- slimserve's own, in the same scheme: model_state {model_name, version, state} and
+  request_latency_by_version {model_name, version, signature_name, API, entrypoint}.
+
+Nothing a client chooses grows a series: a request naming a model this server does not
+serve is counted under model_name="<unknown>" (`UNKNOWN_MODEL`), latencies are kept only
+for requests that were served (so versions and signatures are real ones), latency series
+of versions that ended are dropped and only the last few ended versions keep a state.
+
+Histograms keep TF Serving's bucket boundaries (monitoring::Buckets::Exponential, written
+as its exporter writes them, %.6g) with Prometheus's `le` meaning; the batch-size
+histogram's buckets are fixed, so its series never change between scrapes.
+"""
 import bisect
-import collections
+import re
 import threading
 
+from prometheus_client import exposition
+from prometheus_client import parser
+from prometheus_client import registry as registry_lib
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import HistogramMetricFamily
+
 PATH = "/monitoring/prometheus/metrics"
-BATCH_SIZE = ":tensorflow:serving:batching_session:processed_batch_size"  # TF Serving's name
-MODEL_STATE = ":tensorflow:serving:model_state"
-LOAD_ATTEMPTS = ":tensorflow:cc:saved_model:load_attempt_count"  # TensorFlow's name
-LOAD_LATENCY = ":tensorflow:cc:saved_model:load_latency"  # TensorFlow's: total microseconds
-WARMUP_LATENCY = ":tensorflow:serving:model_warmup_latency"  # TF Serving's: microseconds
-VERSION_STATES = ("START", "LOADING", "AVAILABLE", "UNLOADING", "END")
 REQUEST_COUNT = ":tensorflow:serving:request_count"
-REQUEST_LATENCY = ":tensorflow:serving:request_latency"  # TF Serving's: microseconds
-QUEUING_LATENCY = ":tensorflow:serving:batching_session:queuing_latency"  # TF Serving's
-REQUEST_LOG_COUNT = ":tensorflow:serving:request_log_count"  # TF Serving's
-# Microseconds: 100 us .. ~100 s, about two buckets per factor of 3.
-_LATENCY_BUCKETS_US = tuple(int(100 * 1.8 ** i) for i in range(24))
-_QUEUE_BUCKETS_US = tuple(int(10 * 1.8 ** i) for i in range(24))
-_WARMUP_BUCKETS_US = (1e4, 1e5, 1e6, 1e7, 1e8)
+REQUEST_LATENCY = ":tensorflow:serving:request_latency"  # microseconds
+LATENCY_BY_VERSION = ":tensorflow:serving:request_latency_by_version"  # slimserve's
+BATCH_SIZE = ":tensorflow:serving:batching_session:processed_batch_size"
+QUEUING_LATENCY = ":tensorflow:serving:batching_session:queuing_latency"  # microseconds
+REQUEST_LOG_COUNT = ":tensorflow:serving:request_log_count"
+MODEL_STATE = ":tensorflow:serving:model_state"  # slimserve's
+LOAD_ATTEMPTS = ":tensorflow:cc:saved_model:load_attempt_count"  # TensorFlow's
+LOAD_LATENCY = ":tensorflow:cc:saved_model:load_latency"  # TensorFlow's: total microseconds
+WARMUP_LATENCY = ":tensorflow:serving:model_warmup_latency"  # microseconds
+VERSION_STATES = ("START", "LOADING", "AVAILABLE", "UNLOADING", "END")
+UNKNOWN_MODEL = "<unknown>"
+# TF Serving's API label: gRPC method names; REST requests carry the URL's verb.
+GRPC_API = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
+            "multi_inference": "MultiInference", "metadata": "GetModelMetadata"}
+# Ended (unloaded or failed) versions whose END state stays exported, per model.
+MAX_ENDED_VERSIONS = 16
 
 
-def _label(value):
-    """A Prometheus label value, escaped."""
-    return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+def exponential_buckets(scale, growth, count):
+    """TF's monitoring::Buckets::Exponential(scale, growth, count) upper bounds (+Inf is
+    added by the exposition), rounded as TF Serving's exporter prints them (%.6g)."""
+    bounds, bound = [], float(scale)
+    for _ in range(count):
+        bounds.append(float("%.6g" % bound))
+        bound *= growth
+    return tuple(bounds)
+
+
+LATENCY_BUCKETS = exponential_buckets(10, 1.8, 33)  # util.cc: ~20 minutes
+BATCH_SIZE_BUCKETS = exponential_buckets(1, 2, 14)  # batching_util.h: 1 .. 8192
+QUEUING_BUCKETS = exponential_buckets(100, 1.2, 52)  # batching_session.cc: ~1 second
+WARMUP_BUCKETS = exponential_buckets(10, 1.8, 33)  # saved_model_warmup_util.cc
+_HELP = {
+    REQUEST_COUNT: "The total number of requests.",
+    REQUEST_LATENCY: "Distribution of wall time (in microseconds) for Tensorflow Serving "
+                     "request.",
+    LATENCY_BY_VERSION: "request_latency per version and signature (slimserve).",
+    BATCH_SIZE: "Tracks the batch size distribution on processing.",
+    QUEUING_LATENCY: "Distribution of wall time spent (in microseconds) in queuing",
+    REQUEST_LOG_COUNT: "The total number of requests logged from the model server sliced "
+                       "down by model_name and status code.",
+    MODEL_STATE: "1 for the state each model version is in (slimserve).",
+    LOAD_ATTEMPTS: "The number of times a SavedModel was successfully loaded.",
+    LOAD_LATENCY: "Latency in microseconds for SavedModels that were successfully loaded.",
+    WARMUP_LATENCY: "Distribution of wall time (in microseconds) for warming up the model.",
+}
+# prometheus_client names every counter NAME_total; TF Serving's counters have no suffix,
+# and dashboards written for TF Serving query the bare names.
+_COUNTERS = (REQUEST_COUNT, REQUEST_LOG_COUNT, LOAD_ATTEMPTS, LOAD_LATENCY)
+_TOTAL_SUFFIX = re.compile(r"^(# (?:HELP|TYPE) )?(%s)_total(?=[{ ])"
+                           % "|".join(re.escape(n) for n in _COUNTERS), re.MULTILINE)
+
+
+class _Histogram:
+    """Bucket counts (not cumulative) and the sum of one series."""
+    __slots__ = ("counts", "total")
+
+    def __init__(self, bounds):
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def add(self, bounds, value):
+        self.counts[bisect.bisect_left(bounds, value)] += 1
+        self.total += value
+
+    def buckets(self, bounds):
+        out, cumulative = [], 0
+        for bound, count in zip(list(bounds) + [None], self.counts):
+            cumulative += count
+            out.append(("+Inf" if bound is None else "%.6g" % bound, cumulative))
+        return out
+
+
+class _Collector(registry_lib.Collector):
+    def __init__(self, metrics):
+        self._metrics = metrics
+
+    def collect(self):
+        return self._metrics.families()
 
 
 class Metrics:
+    """The counts of one server and the registry that exposes them."""
+
     def __init__(self):
         self._lock = threading.Lock()
-        self._counts = collections.Counter()  # (model, api, status) -> n
-        # (model, version, signature, api, entrypoint) -> bucket counts / sum (us)
-        self._latency = collections.defaultdict(
-            lambda: [0] * (len(_LATENCY_BUCKETS_US) + 1))
-        self._latency_sums = collections.Counter()
-        self._queue_waits = [0] * (len(_QUEUE_BUCKETS_US) + 1)
-        self._queue_wait_sum = 0.0
-        self._collectors = []  # callables -> Prometheus text lines (request logs, ...)
+        self._served = None  # frozenset of model names; None: every name is its own label
+        self._counts = {}  # (model, status) -> n
+        self._latency = {}  # (model, API, entrypoint) -> _Histogram
+        self._by_version = {}  # (model, version, signature, API, entrypoint) -> _Histogram
+        self._queue_waits = _Histogram(QUEUING_BUCKETS)
+        self._batch_sizes = _Histogram(BATCH_SIZE_BUCKETS)
         self._version_states = {}  # (model, version) -> state
-        self._load_attempts = collections.Counter()  # (model_path, "success"|"fail") -> n
-        self._load_micros = collections.Counter()  # model_path -> total microseconds
-        self._warmups = collections.defaultdict(
-            lambda: [0] * (len(_WARMUP_BUCKETS_US) + 1))  # (path, status) -> bucket counts
-        self._warmup_sums = collections.Counter()
-        self._batch_sizes = collections.Counter()  # rows in one batch -> number of batches
+        self._ended = {}  # model -> [versions in END], oldest first
+        self._load_attempts = {}  # (model_path, "success"|"fail") -> n
+        self._load_micros = {}  # model_path -> total microseconds
+        self._warmups = {}  # (model_path, status) -> _Histogram
+        self._collectors = []  # callables -> [prometheus_client metric families]
+        self.registry = registry_lib.CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    # --- what the server reports -----------------------------------------------------
+
+    def set_served_models(self, names):
+        """The models this server is configured to serve (at start and after a reload):
+        the only model_name values requests can create."""
+        self._served = frozenset(names)
+
+    def model_label(self, name):
+        """The model_name label for a name a request carried."""
+        served = self._served
+        if served is None:
+            return name
+        return name if name in served else UNKNOWN_MODEL
 
     def observe(self, model, api, status, seconds, version=None, signature="",
                 entrypoint="GRPC"):
-        """One request: counted under its status, timed under its version and signature."""
-        micros = seconds * 1e6
-        key = (model, "" if version is None else str(version), signature or "", api,
-               entrypoint)
+        """One request: counted under its status; timed when it was served (then version
+        and signature are the servable's own)."""
+        model = self.model_label(model)
         with self._lock:
-            self._counts[(model, api, status)] += 1
-            self._latency[key][bisect.bisect_left(_LATENCY_BUCKETS_US, micros)] += 1
-            self._latency_sums[key] += micros
+            key = (model, status)
+            self._counts[key] = self._counts.get(key, 0) + 1
+            if status != "OK" or model == UNKNOWN_MODEL:
+                return
+            micros = seconds * 1e6
+            api = GRPC_API.get(api, api) if entrypoint == "GRPC" else api
+            key = (model, api, entrypoint)
+            histogram = self._latency.get(key) or self._latency.setdefault(
+                key, _Histogram(LATENCY_BUCKETS))
+            histogram.add(LATENCY_BUCKETS, micros)
+            # Only versions still serving: a request that ends after its version was
+            # unloaded must not bring back the series model_event dropped.
+            if version is not None and self._version_states.get(
+                    (model, int(version))) in ("AVAILABLE", "UNLOADING"):
+                key = (model, str(version), signature or "", api, entrypoint)
+                histogram = self._by_version.get(key) or self._by_version.setdefault(
+                    key, _Histogram(LATENCY_BUCKETS))
+                histogram.add(LATENCY_BUCKETS, micros)
 
     def observe_queue_wait(self, seconds):
         """Batching: how long one request waited for its batch to start."""
-        micros = seconds * 1e6
         with self._lock:
-            self._queue_waits[bisect.bisect_left(_QUEUE_BUCKETS_US, micros)] += 1
-            self._queue_wait_sum += micros
-
-    def add_collector(self, collector):
-        """collector() -> Prometheus text lines, appended to every render."""
-        self._collectors.append(collector)
+            self._queue_waits.add(QUEUING_BUCKETS, seconds * 1e6)
 
     def observe_batch(self, rows):
+        """Batching: one batch of `rows` rows ran."""
         with self._lock:
-            self._batch_sizes[rows] += 1
+            self._batch_sizes.add(BATCH_SIZE_BUCKETS, rows)
 
     def model_event(self, model, version, state, error=""):
-        """ModelManager.on_change: a version changed state (error: why a load failed)."""
-        del error  # GetModelStatus carries it; a label per message would explode series
+        """ModelManager.on_change: a version changed state (error: why a load failed; not
+        a label: GetModelStatus carries it). The END state of the last MAX_ENDED_VERSIONS
+        ended versions of a model stays exported; older ones leave, as do the latency
+        series of every version that ended."""
+        del error
+        version = int(version)
         with self._lock:
-            self._version_states[(model, int(version))] = state
+            ended = self._ended.setdefault(model, [])
+            if version in ended:
+                ended.remove(version)
+            self._version_states[(model, version)] = state
+            if state != "END":
+                return
+            for key in [k for k in self._by_version if k[:2] == (model, str(version))]:
+                del self._by_version[key]
+            ended.append(version)
+            while len(ended) > MAX_ENDED_VERSIONS:
+                self._version_states.pop((model, ended.pop(0)), None)
 
     def model_load(self, model, version, path, ok, load_seconds, warmup_seconds=None):
         """ModelManager.on_load: one load attempt of a version at `path`."""
         del model, version  # TensorFlow labels its load metrics by model_path
         with self._lock:
-            self._load_attempts[(path, "success" if ok else "fail")] += 1
-            self._load_micros[path] += int(load_seconds * 1e6)
+            key = (path, "success" if ok else "fail")
+            self._load_attempts[key] = self._load_attempts.get(key, 0) + 1
+            if ok:
+                self._load_micros[path] = self._load_micros.get(path, 0) + int(
+                    load_seconds * 1e6)
             if warmup_seconds is not None:
-                micros = warmup_seconds * 1e6
                 key = (path, "OK" if ok else "FAILED")
-                self._warmups[key][bisect.bisect_left(_WARMUP_BUCKETS_US, micros)] += 1
-                self._warmup_sums[key] += micros
+                histogram = self._warmups.setdefault(key, _Histogram(WARMUP_BUCKETS))
+                histogram.add(WARMUP_BUCKETS, warmup_seconds * 1e6)
 
-    def render(self):
-        lines = ["# TYPE %s counter" % REQUEST_COUNT]
+    def add_collector(self, collector):
+        """collector() -> prometheus_client metric families, added to every scrape."""
+        self._collectors.append(collector)
+
+    # --- the exposition --------------------------------------------------------------
+
+    def families(self):
+        """Every metric as prometheus_client metric families (the collector's collect())."""
         with self._lock:
-            for (model, api, status), count in sorted(self._counts.items()):
-                lines.append('%s{model_name="%s",api="%s",status="%s"} %d' % (
-                    REQUEST_COUNT, _label(model), api, status, count))
-            lines.append("# TYPE %s histogram" % REQUEST_LATENCY)
-            for key, buckets in sorted(self._latency.items()):
-                model, version, signature, api, entrypoint = key
-                labels = 'model_name="%s",version="%s",signature_name="%s",API="%s",' \
-                         'entrypoint="%s"' % (_label(model), version, _label(signature), api,
-                                              entrypoint)
-                _histogram(lines, REQUEST_LATENCY, labels, _LATENCY_BUCKETS_US, buckets,
-                           self._latency_sums[key])
-            if any(self._queue_waits):
-                lines.append("# TYPE %s histogram" % QUEUING_LATENCY)
-                _histogram(lines, QUEUING_LATENCY, 'thread_pool_name="batch"',
-                           _QUEUE_BUCKETS_US, self._queue_waits, self._queue_wait_sum)
-            if self._batch_sizes:
-                name = BATCH_SIZE
-                lines.append("# TYPE %s histogram" % name)
-                cumulative = 0
-                for size in sorted(self._batch_sizes):
-                    cumulative += self._batch_sizes[size]
-                    lines.append('%s_bucket{le="%d"} %d' % (name, size, cumulative))
-                lines.append('%s_bucket{le="+Inf"} %d' % (name, cumulative))
-                lines.append("%s_sum %d" % (name, sum(s * n for s, n in self._batch_sizes.items())))
-                lines.append("%s_count %d" % (name, cumulative))
-            lines.append("# TYPE %s gauge" % MODEL_STATE)
+            out = [_counter(REQUEST_COUNT, ["model_name", "status"], self._counts),
+                   _histograms(REQUEST_LATENCY, ["model_name", "API", "entrypoint"],
+                               self._latency, LATENCY_BUCKETS),
+                   _histograms(LATENCY_BY_VERSION, ["model_name", "version",
+                                                    "signature_name", "API", "entrypoint"],
+                               self._by_version, LATENCY_BUCKETS)]
+            if any(self._batch_sizes.counts):
+                out.append(_histograms(BATCH_SIZE, [], {(): self._batch_sizes},
+                                       BATCH_SIZE_BUCKETS))
+                out.append(_histograms(QUEUING_LATENCY, ["thread_pool_name"],
+                                       {("batch",): self._queue_waits}, QUEUING_BUCKETS))
+            states = GaugeMetricFamily(MODEL_STATE, _HELP[MODEL_STATE],
+                                       labels=["model_name", "version", "state"])
             for (model, version), current in sorted(self._version_states.items()):
                 for state in VERSION_STATES:
-                    lines.append('%s{model_name="%s",version="%d",state="%s"} %d' % (
-                        MODEL_STATE, _label(model), version, state, state == current))
-            lines.append("# TYPE %s counter" % LOAD_ATTEMPTS)
-            for (path, status), count in sorted(self._load_attempts.items()):
-                lines.append('%s{model_path="%s",status="%s"} %d' % (
-                    LOAD_ATTEMPTS, _label(path), status, count))
-            lines.append("# TYPE %s counter" % LOAD_LATENCY)
-            for path, micros in sorted(self._load_micros.items()):
-                lines.append('%s{model_path="%s"} %d' % (LOAD_LATENCY, _label(path), micros))
-            lines.append("# TYPE %s histogram" % WARMUP_LATENCY)
-            for (path, status), buckets in sorted(self._warmups.items()):
-                labels = 'model_path="%s",status="%s"' % (_label(path), status)
-                cumulative = 0
-                for bound, count in zip(list(_WARMUP_BUCKETS_US) + ["+Inf"], buckets):
-                    cumulative += count
-                    bound = bound if bound == "+Inf" else "%g" % bound
-                    lines.append('%s_bucket{%s,le="%s"} %d' % (WARMUP_LATENCY, labels, bound,
-                                                              cumulative))
-                lines.append("%s_sum{%s} %.0f" % (WARMUP_LATENCY, labels,
-                                                  self._warmup_sums[(path, status)]))
-                lines.append("%s_count{%s} %d" % (WARMUP_LATENCY, labels, cumulative))
+                    states.add_metric([model, str(version), state], int(state == current))
+            out.append(states)
+            out.append(_counter(LOAD_ATTEMPTS, ["model_path", "status"], self._load_attempts))
+            out.append(_counter(LOAD_LATENCY, ["model_path"],
+                                {(p,): v for p, v in self._load_micros.items()}))
+            out.append(_histograms(WARMUP_LATENCY, ["model_path", "status"], self._warmups,
+                                   WARMUP_BUCKETS))
         for collector in self._collectors:
-            lines.extend(collector())
-        return "\n".join(lines) + "\n"
+            out.extend(collector())
+        return out
+
+    def render(self):
+        """The Prometheus text exposition (format 0.0.4) of this server's registry."""
+        text = exposition.generate_latest(self.registry).decode("utf-8")
+        return _TOTAL_SUFFIX.sub(r"\1\2", text)
 
 
-def _histogram(lines, name, labels, bounds, buckets, total):
-    cumulative = 0
-    for bound, count in zip(list(bounds) + ["+Inf"], buckets):
-        cumulative += count
-        lines.append('%s_bucket{%s,le="%s"} %d' % (name, labels, bound, cumulative))
-    lines.append("%s_sum{%s} %.0f" % (name, labels, total))
-    lines.append("%s_count{%s} %d" % (name, labels, cumulative))
+def _counter(name, labels, values):
+    family = CounterMetricFamily(name, _HELP[name], labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
+    return family
 
 
-def request_log_lines(loggers):
-    """TF Serving's request_log_count for {model: RequestLogger}: records written (OK)
-    and dropped because the queue was full or a write failed (RESOURCE_EXHAUSTED)."""
-    lines = ["# TYPE %s counter" % REQUEST_LOG_COUNT]
-    for model, logger in sorted(loggers.items()):
-        lines.append('%s{model_name="%s",status_code="OK"} %d' % (
-            REQUEST_LOG_COUNT, _label(model), logger.written))
-        lines.append('%s{model_name="%s",status_code="RESOURCE_EXHAUSTED"} %d' % (
-            REQUEST_LOG_COUNT, _label(model), logger.dropped))
-    return lines
+def _histograms(name, labels, series, bounds):
+    family = HistogramMetricFamily(name, _HELP[name], labels=labels)
+    for key, histogram in sorted(series.items()):
+        family.add_metric(list(key), histogram.buckets(bounds), histogram.total)
+    return family
+
+
+def request_log_families(loggers, retired=None):
+    """TF Serving's request_log_count for {model: RequestLogger}: records written (OK) and
+    not written by status (RESOURCE_EXHAUSTED: the queue was full or the disk; others: the
+    write error's code), plus `retired` {(model, status_code): n} of loggers a reload
+    replaced, so the counters never go down."""
+    values = dict(retired or {})
+    for model, logger in list(loggers.items()):
+        for code, count in [("OK", logger.written)] + list(logger.drops.items()):
+            values[(model, code)] = values.get((model, code), 0) + count
+        values.setdefault((model, "RESOURCE_EXHAUSTED"), 0)
+    return [_counter(REQUEST_LOG_COUNT, ["model_name", "status_code"], values)]
+
+
+def families_from_text(text):
+    """{metric name: prometheus_client Metric} parsed from an exposition by the library's
+    own parser (counters keep their TF Serving names; samples are NAME_total)."""
+    return {family.name: family for family in parser.text_string_to_metric_families(text)}
 
 
 def batch_totals(text):
-    """(rows, batches) the batcher has run so far, from a rendered Prometheus text: the
+    """(rows, batches) the batcher has run so far, from a rendered exposition: the
     processed_batch_size histogram's sum and count (the tuner and bench-serve read the
     mean batch size this way from a running server)."""
-    values = {}
-    for line in text.splitlines():
-        for field in ("sum", "count"):
-            if line.startswith("%s_%s " % (BATCH_SIZE, field)):
-                values[field] = int(float(line.rsplit(" ", 1)[1]))
-    return values.get("sum", 0), values.get("count", 0)
+    family = families_from_text(text).get(BATCH_SIZE)
+    if family is None:
+        return 0, 0
+    values = {sample.name: sample.value for sample in family.samples}
+    return int(values.get(BATCH_SIZE + "_sum", 0)), int(values.get(BATCH_SIZE + "_count", 0))

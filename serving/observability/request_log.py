@@ -1,28 +1,44 @@
-"""TF Serving's request logging with a collector that actually writes.
+"""TF Serving's request logging with a collector that actually writes, and never loses what
+it counted as written.
 
 TF Serving parses `logging_config { log_collector_config { type filename_prefix }
 sampling_config { sampling_rate } }` in a model's config but ships no collector. This
 one writes sampled `PredictionLog` records (request, response and `log_metadata`) as
-TFRecord files under `filename_prefix`:
+TFRecord files under `filename_prefix` (a local path):
 
-- a request thread only samples and enqueues (`put_nowait` on a bounded queue): logging
-  never blocks or fails a request; when the queue is full the record is dropped and
-  counted (`dropped`, exported as a metric);
-- one background thread serialises and writes; files rotate by size and by age;
-- each file is written as a hidden temporary (`.<name>.tmp` beside the final name) and
-  renamed when closed, so a reader globbing `<filename_prefix>*` never sees half a file;
-- `close()` (called on SIGTERM) drains the queue and closes the current file.
+- a request thread only samples and enqueues: logging never blocks or fails a request.
+  The queue is bounded in records and in bytes (a record's size is its request's and
+  response's); past either bound the record is dropped and counted (`drops`, exported
+  as request_log_count{status_code="RESOURCE_EXHAUSTED"});
+- one background thread serialises and writes; files rotate by size and by age, and on
+  `flush()` (SIGUSR1 to slimserve-server);
+- each file is first a hidden temporary, `.<final name>.tmp`, created exclusively
+  (O_EXCL: two loggers or two servers with one prefix never share a file) and locked
+  (flock) while its writer lives; closed, it is published under its final name by a
+  no-clobber link, so a reader globbing `<filename_prefix>*` never sees half a file;
+- every record is flushed to the file before it counts as `written`. A write error (a
+  full disk) truncates the file back to its last complete record and publishes it; the
+  failed record is counted as lost and the next one starts a new file;
+- after a crash (kill -9) the dead writer's temporary is published by the next logger
+  on that directory (its torn last record cut off), and until then the readers below
+  read its complete records: nothing counted as written stays hidden.
 
-The files are what `slimserve-export --warmup_from` and `slimserve-compare --logs` read.
+The files are what `slimserve-export --warmup_from` and `slimserve-compare --logs` read,
+through `iter_logs`.
 """
+import collections
+import dataclasses
+import errno
+import fcntl
+import glob
 import itertools
 import logging
 import os
-import queue
 import random
 import threading
 import time
 
+import grpc
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
@@ -30,51 +46,137 @@ from tensorflow_serving.apis import prediction_log_pb2
 LOG_FIELDS = {"predict": "predict_log", "classify": "classify_log", "regress": "regress_log",
               "multi_inference": "multi_inference_log"}
 SUFFIX = ".tfrecord"
+TEMP_SUFFIX = ".tmp"
+DEFAULT_QUEUE_RECORDS = 1024
+DEFAULT_QUEUE_BYTES = 64 << 20
+_FRAMING = 16  # a TFRecord's length (8), its CRC (4) and the data's CRC (4)
+# A temporary this young and empty may be a writer between its create and its lock.
+_FRESH_SECONDS = 60.0
 _STOP = object()
+
+
+class _Flush:
+    """Queued behind the records to publish: the writer closes its file, then sets done."""
+
+    def __init__(self):
+        self.done = threading.Event()
+
+
+def check_prefix(filename_prefix):
+    """Raises ValueError unless `filename_prefix` can name local log files."""
+    if not filename_prefix:
+        raise ValueError("logging_config: log_collector_config.filename_prefix is empty")
+    if "://" in filename_prefix:
+        raise ValueError("logging_config: filename_prefix %r is a URL; request logs are "
+                         "written to local files" % filename_prefix)
+    if "\0" in filename_prefix:
+        raise ValueError("logging_config: filename_prefix contains a NUL byte")
+
+
+def check_sampling_rate(sampling_rate):
+    if not 0.0 <= sampling_rate <= 1.0:
+        raise ValueError("logging_config: sampling_rate must be in [0, 1], got %r"
+                         % sampling_rate)
+
+
+def resolve_prefix(filename_prefix, log_dir=None):
+    """The absolute prefix (directories resolved, symlinks included) that a configured
+    `filename_prefix` writes to. With `log_dir` (--request_log_dir, itself resolved) it
+    must lie inside it: a relative prefix is joined to it; an absolute one outside it, or
+    one that escapes it with `..` or a symlink, is a ValueError."""
+    check_prefix(filename_prefix)
+    directory, base = os.path.split(filename_prefix)
+    if base in (".", ".."):
+        raise ValueError("logging_config: filename_prefix %r ends in %r, not in a file name "
+                         "prefix" % (filename_prefix, base))
+    if log_dir is None:
+        return os.path.join(os.path.realpath(directory or "."), base)
+    resolved = os.path.realpath(os.path.join(log_dir, directory))
+    if os.path.commonpath([resolved, log_dir]) != log_dir:
+        raise ValueError("logging_config: filename_prefix %r is outside --request_log_dir "
+                         "(give a path relative to it)" % filename_prefix)
+    return os.path.join(resolved, base)
+
+
+def make_directory(filename_prefix):
+    """Creates the directory of `filename_prefix`; ValueError saying why it cannot."""
+    directory = os.path.dirname(filename_prefix)
+    if not directory:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        why = error.strerror or str(error)
+        if isinstance(error, FileExistsError):
+            why = "a file of that name exists"
+        raise ValueError("cannot create the request log directory %s: %s"
+                         % (directory, why)) from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError("the request log directory %s is not writable" % directory)
+
+
+def _status_name(error):
+    """The canonical code a write error stands for (request_log_count's status_code)."""
+    code = getattr(error, "error_code", None)  # TF's codes are gRPC's
+    for status in grpc.StatusCode:
+        if code is not None and status.value[0] == code:
+            return status.name
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED.name
+    return grpc.StatusCode.INTERNAL.name
 
 
 class RequestLogger:
     """Samples, queues and writes the requests of one model."""
 
     def __init__(self, filename_prefix, sampling_rate, max_file_bytes=64 << 20,
-                 max_file_seconds=300.0, queue_size=1024, seed=None):
-        if not filename_prefix:
-            raise ValueError("logging_config: log_collector_config.filename_prefix is empty")
-        if not 0.0 <= sampling_rate <= 1.0:
-            raise ValueError("logging_config: sampling_rate must be in [0, 1], got %r"
-                             % sampling_rate)
-        if max_file_bytes < 1 or max_file_seconds <= 0 or queue_size < 1:
-            raise ValueError("request logging: max_file_bytes, max_file_seconds and "
-                             "queue_size must be positive")
+                 max_file_seconds=300.0, queue_size=DEFAULT_QUEUE_RECORDS,
+                 queue_bytes=DEFAULT_QUEUE_BYTES, seed=None):
+        check_prefix(filename_prefix)
+        check_sampling_rate(sampling_rate)
+        if max_file_bytes < 1 or max_file_seconds <= 0 or queue_size < 1 or queue_bytes < 1:
+            raise ValueError("request logging: max_file_bytes, max_file_seconds, "
+                             "queue_size and queue_bytes must be positive")
+        make_directory(filename_prefix)
         self.filename_prefix = filename_prefix
         self.sampling_rate = sampling_rate
         self.max_file_bytes = max_file_bytes
         self.max_file_seconds = max_file_seconds
+        self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
         self._random = random.Random(seed)
-        self._queue = queue.Queue(maxsize=queue_size)
-        self.dropped = 0  # read by the metrics endpoint
-        self.written = 0
-        self.files = []  # final paths of the files closed so far
-        self._writer = None
+        self._cond = threading.Condition()
+        self._queue = collections.deque()  # records, _Flush markers and _STOP
+        self._queued_records = self._queued_bytes = 0
+        self.written = 0  # records flushed into a file (published, or recovered by readers)
+        self.drops = collections.Counter()  # status code -> records not written
+        self.files = collections.deque(maxlen=64)  # the last files published
+        self._directory = os.path.dirname(filename_prefix) or "."
+        self._base = os.path.basename(filename_prefix)
+        self._writer = self._fd = None
         self._temp_path = self._final_path = None
         self._opened_at = 0.0
-        self._bytes = 0
+        self._bytes = 0  # of complete records in the open file
         self._sequence = 0
+        self._failing = 0  # records lost since the last write error began
         self._closed = threading.Event()
-        directory = os.path.dirname(filename_prefix)
-        if directory:
-            tf.io.gfile.makedirs(directory)
         self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
         self._thread.start()
 
     @classmethod
-    def from_config(cls, logging_config, **kwargs):
-        """From TF Serving's LoggingConfig proto; None when it names no collector."""
+    def from_config(cls, logging_config, filename_prefix=None, **kwargs):
+        """From TF Serving's LoggingConfig proto (`filename_prefix` overrides its prefix,
+        e.g. resolved under --request_log_dir); None when it names no collector."""
         collector = logging_config.log_collector_config
         if not collector.filename_prefix and not collector.type:
             return None
-        return cls(collector.filename_prefix, logging_config.sampling_config.sampling_rate,
-                   **kwargs)
+        return cls(filename_prefix or collector.filename_prefix,
+                   logging_config.sampling_config.sampling_rate, **kwargs)
+
+    @property
+    def dropped(self):
+        """Records sampled but not written, for any reason."""
+        return sum(self.drops.values())
 
     def sample(self):
         """Whether to log the next request (cheap: callers build records only then)."""
@@ -88,13 +190,89 @@ class RequestLogger:
         return self.sample() and self.enqueue(api, request, response, model_spec)
 
     def enqueue(self, api, request, response, model_spec):
-        """Queues a sampled record without blocking; False (and counted) when full."""
-        try:
-            self._queue.put_nowait((api, request, response, model_spec, time.time()))
-        except queue.Full:
-            self.dropped += 1
-            return False
+        """Queues a sampled record without blocking; False (and counted) past the queue's
+        record or byte bound, or once closed."""
+        size = request.ByteSize() + response.ByteSize()
+        with self._cond:
+            if self._closed.is_set() or self._queued_records >= self.queue_size or \
+                    self._queued_bytes + size > self.queue_bytes:
+                self.drops[grpc.StatusCode.RESOURCE_EXHAUSTED.name] += 1
+                return False
+            self._queue.append((api, request, response, model_spec, time.time(), size))
+            self._queued_records += 1
+            self._queued_bytes += size
+            self._cond.notify()
         return True
+
+    def flush(self, timeout=None):
+        """Publishes the open file with every record queued before this call. Returns
+        at once when `timeout` is None (a signal handler), else waits up to `timeout`
+        seconds and says whether the file was published."""
+        marker = _Flush()
+        with self._cond:
+            if self._closed.is_set():
+                return True
+            self._queue.append(marker)  # control items are outside the bounds
+            self._cond.notify()
+        return None if timeout is None else marker.done.wait(timeout)
+
+    def close(self, timeout=10.0):
+        """Writes what is queued, publishes the current file, stops the thread."""
+        with self._cond:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            self._queue.append(_STOP)  # behind every queued record
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logging.warning("request log %s: still writing after %.0f s; closing anyway",
+                            self.filename_prefix, timeout)
+        logging.info("request log %s: closed; %d record(s) written, %d not written%s",
+                     self.filename_prefix, self.written, self.dropped,
+                     " (%s)" % ", ".join("%s %d" % item for item in sorted(self.drops.items()))
+                     if self.drops else "")
+
+    # --- the writer thread -------------------------------------------------------------
+
+    def _next(self):
+        """The next queued item, or None when the open file has reached its age."""
+        with self._cond:
+            while not self._queue:
+                wait = None
+                if self._writer is not None:
+                    wait = self._opened_at + self.max_file_seconds - time.monotonic()
+                    if wait <= 0:
+                        return None
+                self._cond.wait(wait)
+            item = self._queue.popleft()
+            if isinstance(item, tuple):
+                self._queued_records -= 1
+                self._queued_bytes -= item[-1]
+            return item
+
+    def _run(self):
+        self._recover()
+        while True:
+            item = self._next()
+            if item is None:  # the open file reached its age
+                self._close_file()
+            elif item is _STOP:
+                self._close_file()
+                return
+            elif isinstance(item, _Flush):
+                self._close_file()
+                item.done.set()
+            else:
+                self._write(*item[:5])
+
+    def _recover(self):
+        try:
+            for path in recover_abandoned(self._directory, self._base):
+                logging.info("request log: published %s, left by a writer that died", path)
+        except Exception:  # pylint: disable=broad-except  (never the writer thread)
+            logging.exception("request log %s: recovering abandoned files failed",
+                              self.filename_prefix)
 
     def _record(self, api, request, response, model_spec, timestamp):
         log = prediction_log_pb2.PredictionLog()
@@ -106,81 +284,282 @@ class RequestLogger:
         entry.response.CopyFrom(response)
         return log.SerializeToString()
 
+    def _write(self, api, request, response, model_spec, timestamp):
+        try:
+            record = self._record(api, request, response, model_spec, timestamp)
+        except Exception:  # pylint: disable=broad-except  (a bad record, never the thread)
+            logging.exception("request log %s: record not built", self.filename_prefix)
+            self._count_drop(grpc.StatusCode.INTERNAL.name)
+            return
+        del request, response  # the queue's references: memory goes as records are written
+        try:
+            if self._writer is None:
+                self._open()
+            self._writer.write(record)
+            self._writer.flush()  # on disk (the page cache) before it counts as written
+        except (tf.errors.OpError, OSError) as error:
+            self._lost(error)
+            return
+        self._bytes += len(record) + _FRAMING
+        self.written += 1
+        if self._failing:
+            logging.warning("request log %s: writing again after %d record(s) lost",
+                            self.filename_prefix, self._failing)
+            self._failing = 0
+        if self._bytes >= self.max_file_bytes:
+            self._close_file()
+
+    def _count_drop(self, code):
+        with self._cond:  # request threads count queue drops under it
+            self.drops[code] += 1
+
+    def _lost(self, error):
+        """A write error: the file keeps its complete records and is published; the record
+        is counted as lost; the next record starts a new file."""
+        self._count_drop(_status_name(error))
+        if not self._failing:
+            logging.warning("request log %s: record lost (%s); keeping the file's %d "
+                            "complete bytes and starting a new file",
+                            self.filename_prefix, getattr(error, "message", error),
+                            self._bytes)
+        self._failing += 1
+        self._close_file(failed=True)
+
     def _open(self):
-        self._sequence += 1
-        name = "%s-%s-%d-%05d%s" % (os.path.basename(self.filename_prefix),
-                                    time.strftime("%Y%m%dT%H%M%S", time.gmtime()),
-                                    os.getpid(), self._sequence, SUFFIX)
-        directory = os.path.dirname(self.filename_prefix)
-        self._final_path = os.path.join(directory, name)
-        self._temp_path = os.path.join(directory, "." + name + ".tmp")
-        self._writer = tf.io.TFRecordWriter(self._temp_path)
+        """Claims a fresh temporary (exclusive create) whose final name is also free."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        while True:
+            self._sequence += 1
+            name = "%s-%s-%d-%05d%s" % (self._base, stamp, os.getpid(), self._sequence, SUFFIX)
+            final = os.path.join(self._directory, name)
+            temp = os.path.join(self._directory, "." + name + TEMP_SUFFIX)
+            try:
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                continue  # another logger with this prefix holds that name
+            if os.path.lexists(final):  # published earlier by a process with our pid
+                os.close(fd)
+                os.unlink(temp)
+                continue
+            break
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held while this writer lives (see _recover)
+            self._writer = tf.io.TFRecordWriter(temp)
+        except BaseException:
+            os.close(fd)
+            os.unlink(temp)
+            raise
+        self._fd, self._temp_path, self._final_path = fd, temp, final
         self._opened_at = time.monotonic()
         self._bytes = 0
 
-    def _close_file(self):
+    def _close_file(self, failed=False):
+        """Publishes the open file: its complete records only, under its final name."""
         if self._writer is None:
             return
-        self._writer.close()
-        self._writer = None
-        tf.io.gfile.rename(self._temp_path, self._final_path, overwrite=False)
-        self.files.append(self._final_path)
-
-    def _run(self):
-        while True:
-            wait = None
-            if self._writer is not None:
-                wait = max(0.0, self._opened_at + self.max_file_seconds - time.monotonic())
-            try:
-                item = self._queue.get(timeout=wait)
-            except queue.Empty:  # the open file reached its age
-                self._close_file()
-                continue
-            if item is _STOP:
-                self._close_file()
-                return
-            try:
-                record = self._record(*item)
-                if self._writer is None:
-                    self._open()
-                self._writer.write(record)
-                self._bytes += len(record)
-                self.written += 1
-                if self._bytes >= self.max_file_bytes:
-                    self._close_file()
-            except Exception:  # pylint: disable=broad-except
-                # A full disk or a bad record loses records, never the server.
-                self.dropped += 1
-                logging.exception("request log %s: record not written", self.filename_prefix)
-
-    def close(self, timeout=10.0):
-        """Writes what is queued, closes (renames) the current file, stops the thread."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
+        writer, self._writer = self._writer, None
         try:
-            self._queue.put(_STOP, timeout=timeout)  # behind every queued record
-        except queue.Full:
-            logging.warning("request log %s: queue still full after %.0f s; closing anyway",
-                            self.filename_prefix, timeout)
-        self._thread.join(timeout)
-
-
-def iter_logs(pattern):
-    """PredictionLog records from the files matching a glob (published files only), one
-    at a time: days of logs never have to fit in memory."""
-    files = sorted(f for f in tf.io.gfile.glob(pattern) if not os.path.basename(f).startswith("."))
-    if not files:
-        raise ValueError("no request log files match %s" % pattern)
-    for path in files:
+            writer.close()
+        except (tf.errors.OpError, OSError):
+            failed = True  # buffered bytes may be half written: cut back below
+        fd, self._fd = self._fd, None
         try:
-            for record in tf.compat.v1.io.tf_record_iterator(path):
-                yield prediction_log_pb2.PredictionLog.FromString(record)
-        except (tf.errors.DataLossError, ValueError) as error:
+            if failed:
+                os.ftruncate(fd, self._bytes)
+            if self._bytes:
+                _publish(self._temp_path, self._final_path)
+                self.files.append(self._final_path)
+            else:
+                os.unlink(self._temp_path)
+        except OSError as error:
+            # Left as an abandoned temporary: readers read it, the next rotation or start
+            # publishes it.
+            logging.warning("request log %s: %s not published yet (%s)", self.filename_prefix,
+                            self._temp_path, error.strerror or error)
+        finally:
+            os.close(fd)  # releases the lock
+        if not failed:
+            self._recover()  # also retries anything a full disk left unpublished
+
+
+def _publish(temp, final):
+    """temp -> final without ever replacing a file: link (fails if final exists), unlink."""
+    try:
+        os.link(temp, final)
+    except FileExistsError:
+        if not os.path.samefile(temp, final):
+            raise
+    os.unlink(temp)
+
+
+def _final_name(temp_path):
+    directory, name = os.path.split(temp_path)
+    return os.path.join(directory, name[1:-len(TEMP_SUFFIX)])
+
+
+def _try_lock(fd, shared):
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _abandoned(path):
+    """An open descriptor of `path` locked exclusively when its writer is gone, else None."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None  # published or removed meanwhile
+    try:
+        stat = os.fstat(fd)
+        if stat.st_nlink == 0 or not _try_lock(fd, shared=False):
+            raise OSError("in use")
+        if stat.st_size == 0 and time.time() - stat.st_mtime < _FRESH_SECONDS:
+            raise OSError("maybe between create and lock")
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def recover_abandoned(directory, base=""):
+    """Publishes the temporaries in `directory` (of prefixes starting with `base`) whose
+    writer died: their complete records under their final name, a torn last record cut
+    off, empty ones removed. Returns the paths published."""
+    published = []
+    pattern = os.path.join(glob.escape(directory), "." + glob.escape(base) + "*" +
+                           SUFFIX + TEMP_SUFFIX)
+    for temp in sorted(glob.glob(pattern)):
+        fd = _abandoned(temp)
+        if fd is None:
+            continue
+        try:
+            report = FileReport(temp, recovered=True)
+            for _ in _records(temp, report):
+                pass
+            if report.records:
+                os.ftruncate(fd, report.complete_bytes)
+                _publish(temp, _final_name(temp))
+                published.append(_final_name(temp))
+            else:
+                os.unlink(temp)
+        except (OSError, ValueError) as error:
+            logging.warning("request log: cannot recover %s: %s", temp, error)
+        finally:
+            os.close(fd)
+    return published
+
+
+# --- readers -------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class FileReport:
+    """What a reader got from one file."""
+    path: str
+    records: int = 0
+    complete_bytes: int = 0
+    torn_bytes: int = 0  # a last record cut short (a crash, a copy in progress): dropped
+    recovered: bool = False  # an unpublished temporary whose writer died
+
+    def describe(self):
+        notes = []
+        if self.recovered:
+            notes.append("unpublished temporary of a writer that died")
+        if self.torn_bytes:
+            notes.append("torn last record of %d bytes dropped" % self.torn_bytes)
+        return "request log %s: %d record(s)%s" % (self.path, self.records,
+                                                    "; " + "; ".join(notes) if notes else "")
+
+
+def _records(path, report):
+    """The complete records of one TFRecord file; a torn tail is counted in `report`, any
+    other damage is a ValueError naming the file."""
+    size = os.path.getsize(path)
+    try:
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            report.records += 1
+            report.complete_bytes += len(record) + _FRAMING
+            yield record
+    except tf.errors.DataLossError as error:
+        if "truncated record" not in str(error):
             raise ValueError("%s is not a complete TFRecord file of PredictionLog: %s"
-                             % (path, error)) from None
+                             % (path, getattr(error, "message", error))) from None
+    report.torn_bytes = size - report.complete_bytes  # TF stops quietly in a torn header
 
 
-def read_logs(pattern, limit=None):
+def _abandoned_temps(pattern):
+    """Temporaries of files `pattern` would match whose writer died (locked shared while
+    they are read, so no recovery truncates them under the reader)."""
+    directory, name = os.path.split(pattern)
+    found = []
+    for temp in sorted(glob.glob(os.path.join(directory, "." + name + TEMP_SUFFIX))):
+        try:
+            fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if _try_lock(fd, shared=True) and os.fstat(fd).st_nlink:
+            found.append((temp, fd))
+        else:
+            os.close(fd)
+    return found
+
+
+def iter_logs(pattern, report=None):
+    """PredictionLog records from the files matching a glob, one at a time (days of logs
+    never have to fit in memory): the published files, then the complete records of
+    temporaries whose writer died (kill -9) before publishing them. A torn last record is
+    dropped, never the file. Each file is reported (logged, and appended as a FileReport
+    to the list `report` when given)."""
+    temps = _abandoned_temps(pattern) if "://" not in pattern else []
+    try:
+        files = sorted(f for f in tf.io.gfile.glob(pattern)
+                       if not os.path.basename(f).startswith("."))
+        seen = set()
+        for path, fd in temps:  # a temp published between the two globs: read it once
+            seen.add((os.fstat(fd).st_dev, os.fstat(fd).st_ino))
+        local = "://" not in pattern
+        files = [f for f in files if not local or _identity(f) not in seen]
+        if not files and not temps:
+            raise ValueError("no request log files match %s" % pattern)
+        for path, recovered in [(f, False) for f in files] + [(t, True) for t, _ in temps]:
+            if tf.io.gfile.isdir(path):
+                raise ValueError("%s (matched by %s) is a directory, not a request log file"
+                                 % (path, pattern))
+            file_report = FileReport(path, recovered=recovered)
+            if local:
+                records = _records(path, file_report)
+            else:
+                records = _remote_records(path, file_report)
+            for record in records:
+                yield prediction_log_pb2.PredictionLog.FromString(record)
+            (logging.warning if file_report.torn_bytes or recovered else logging.info)(
+                "%s", file_report.describe())
+            if report is not None:
+                report.append(file_report)
+    finally:
+        for _, fd in temps:
+            os.close(fd)
+
+
+def _identity(path):
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _remote_records(path, report):
+    try:
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            report.records += 1
+            yield record
+    except tf.errors.DataLossError as error:
+        raise ValueError("%s is not a complete TFRecord file of PredictionLog: %s"
+                         % (path, getattr(error, "message", error))) from None
+
+
+def read_logs(pattern, limit=None, report=None):
     """The first `limit` (all when None) records of `iter_logs`, as a list."""
-    return list(itertools.islice(iter_logs(pattern), limit))
+    return list(itertools.islice(iter_logs(pattern, report), limit))

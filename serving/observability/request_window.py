@@ -3,7 +3,10 @@ model, version and API that the cumulative Prometheus counters cannot give direc
 
 Bounded twice, by age (`window_seconds`) and by count (`max_entries`), so a flood of
 requests costs a fixed amount of memory; under such a flood the rates are those of the
-newest `max_entries` requests.
+newest `max_entries` requests. Entries are keyed by `label(model name)` (the server passes
+Metrics.model_label: served names, or one label for every unknown one), so neither a
+client's names nor their bytes are kept, and the status page has a row per served model,
+version and API.
 """
 import collections
 import threading
@@ -13,15 +16,16 @@ import numpy as np
 
 
 class RequestWindow:
-    def __init__(self, window_seconds=60.0, max_entries=20000):
+    def __init__(self, window_seconds=60.0, max_entries=20000, label=None):
         self.window_seconds = window_seconds
+        self._label = label or (lambda name: name)
         self._entries = collections.deque(maxlen=max_entries)  # (time, key, ms, ok)
         self._lock = threading.Lock()
 
     def add(self, model, version, api, seconds, ok=True, now=None):
         with self._lock:
             self._entries.append((now if now is not None else time.monotonic(),
-                                  (model, version, api), seconds * 1000.0, ok))
+                                  (self._label(model), version, api), seconds * 1000.0, ok))
 
     def summary(self, now=None):
         """{(model, version, api): {"rate": req/s, "errors": n, "p50_ms", "p90_ms",

@@ -7,7 +7,8 @@ command line written for one runs the other:
         --model_base_path=/models/resnet --enable_batching
 
 The flags are the fields of serving/options.py's ServerOptions (same names, defaults and
-help), so this module only parses them, builds the server and waits for a signal. Flags
+help), so this module only parses them, builds the server and waits for a signal (SIGTERM
+or SIGINT: drain and stop; SIGUSR1: publish the open request log files now). Flags
 about hardware or runtimes this server does not have are accepted and logged once as
 having no effect. Unlike TF Serving it binds 127.0.0.1 unless --bind_address says otherwise.
 """
@@ -78,8 +79,14 @@ def main(argv):
         logging.info("signal %d: shutting down gracefully", signum)
         stopping.set()
 
+    def on_flush(signum, frame):
+        del signum, frame
+        logging.info("SIGUSR1: publishing the open request log files")
+        server.flush_request_logs()  # queues a flush behind each logger's records
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGUSR1, on_flush)
     try:
         server.start()
     except errors.ServingError as error:  # e.g. a version label that names no version
