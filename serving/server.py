@@ -403,9 +403,14 @@ class ModelServer:
     def start(self):
         """Loads the initial versions, then starts polling and both front ends."""
         self.manager.poll()
+        interval = self.options.file_system_poll_wait_seconds
         for name in self.manager.model_names:
-            if not self.manager.available_versions(name):
-                logging.warning("model %s has no loadable version yet; still polling", name)
+            if not self.manager.available_versions(name):  # the manager logged why
+                logging.warning("model %s has no loadable version yet; %s", name,
+                                "its base path is polled every %g s, so a fix is picked up "
+                                "without a restart" % interval if interval > 0 else
+                                "polling is off (--file_system_poll_wait_seconds=0): "
+                                "restart after fixing it")
         self.manager.start_polling(self.options.file_system_poll_wait_seconds)
         if self.options.model_config_file and \
                 self.options.model_config_file_poll_wait_seconds > 0:

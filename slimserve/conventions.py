@@ -41,6 +41,15 @@ def shard_pattern(data_dir, split):
 # What TensorFlow's decode_image, and so every serving signature, decodes. (The converter
 # looks at every file and lets Pillow decide, so it needs no list.)
 SERVABLE_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+# The same formats by their first bytes, which is how decode_image tells them apart.
+IMAGE_MAGIC = (("JPEG", b"\xff\xd8\xff"), ("PNG", b"\x89PNG\r\n\x1a\n"), ("GIF", b"GIF8"),
+               ("BMP", b"BM"))
+
+
+def image_format(data):
+    """"JPEG", "PNG", "GIF" or "BMP" when `data` starts like one (what every serving
+    signature decodes), else None."""
+    return next((name for name, magic in IMAGE_MAGIC if data[:len(magic)] == magic), None)
 
 
 # --- labels.txt: one `id:name` line per class, ids 0..N-1 -------------------------------

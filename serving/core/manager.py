@@ -25,11 +25,15 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.core.servable import WARMUP_PATH, Servable
-from slimserve.serving.core.version_dirs import list_version_dirs, version_fingerprint
+from slimserve.serving.core.version_dirs import (diagnose_base_path, list_version_dirs,
+                                                  version_fingerprint)
 from slimserve.serving.core.version_policy import versions_to_unload
 
 LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
 DEFAULT_LOAD_RETRY_INTERVAL_MICROS = 60 * 1000 * 1000  # TF Serving's default: 1 minute
+# How many served names (and how much of each) a NOT_FOUND for an unknown model lists.
+MAX_NAMES_LISTED = 10
+MAX_NAME_CHARS = 64
 
 
 def _describe(error):
@@ -59,6 +63,7 @@ class _Model:
     def __init__(self, config):
         self.config = config
         self.versions = {}  # number -> _Version
+        self.diagnosis = ""  # why the base path has no version (diagnose_base_path), or ""
 
 
 class ModelManager:
@@ -148,6 +153,7 @@ class ModelManager:
         longer wants once a wanted one serves (reload() defers that until it commits)."""
         config = model.config
         on_disk = list_version_dirs(config.base_path, self._tflite is not None)
+        self._note_diagnosis(model, "" if on_disk else diagnose_base_path(config.base_path))
         aspired = config.policy.select(on_disk)
         with self._lock:
             for number, version in model.versions.items():
@@ -169,6 +175,18 @@ class ModelManager:
             available = [n for n, v in model.versions.items() if v.state == AVAILABLE]
         for number in versions_to_unload(aspired, available):
             self._unload(model, model.versions[number])
+
+    def _note_diagnosis(self, model, diagnosis):
+        """Keeps why the model's base path has no version, for GetModelStatus and requests
+        (which never touch the file system), and logs it each time it changes."""
+        if diagnosis == model.diagnosis:
+            return
+        model.diagnosis = diagnosis
+        if diagnosis:
+            logging.warning("model %s: %s", model.config.name, diagnosis)
+        else:
+            logging.info("model %s: %s now holds a version", model.config.name,
+                         model.config.base_path)
 
     def _load_due(self, version, path):
         if version.state is None or not version.error:
@@ -329,7 +347,8 @@ class ModelManager:
                 states = {n: (v.state, v.error) for n, v in model.versions.items()}
             if not any(state == AVAILABLE for state, _ in states.values()):
                 why = "; ".join("version %d: %s" % (n, e) for n, (s, e) in sorted(states.items())
-                                if e) or "no version under %s" % model.config.base_path
+                                if e) or model.diagnosis or "no version under %s" % (
+                                    model.config.base_path)
                 missing.append("{%s: %s}" % (name, why))
         if missing:
             raise errors.ServingError(grpc.StatusCode.UNKNOWN, "%d model(s) did not become "
@@ -405,14 +424,15 @@ class ModelManager:
         with self._lock:
             model = self._models.get(name)
             if model is None:
-                raise errors.not_found("Servable not found for request: Latest(%s)", name)
+                raise self._unknown_model_locked(name)
             if label:
                 version = self._resolve_label_locked(name, label)
             available = {n: v.servable for n, v in model.versions.items()
                          if v.state == AVAILABLE and v.servable is not None}
             if version is None:
                 if not available:
-                    raise errors.unavailable("Servable not found for request: Latest(%s)", name)
+                    raise errors.unavailable("Servable not found for request: Latest(%s)%s",
+                                             name, _suffix(model.diagnosis))
                 servable = available[max(available)]
             else:
                 servable = available.get(version)
@@ -426,8 +446,26 @@ class ModelManager:
     def resolve_label(self, name, label):
         with self._lock:
             if name not in self._models:
-                raise errors.not_found("Servable not found for request: Latest(%s)", name)
+                raise self._unknown_model_locked(name)
             return self._resolve_label_locked(name, label)
+
+    def _unknown_model_locked(self, name):
+        """NOT_FOUND for a model this server does not serve: TF Serving's wording first
+        (its tools match it), then what the client could ask for instead."""
+        return errors.not_found("Servable not found for request: Latest(%s); %s", name,
+                                self._served_names_locked())
+
+    def _served_names_locked(self):
+        """`this server serves models a, b`: a bounded number of names, each of bounded
+        length (names come from the operator's config, but a reply stays small)."""
+        names = sorted(self._models)
+        if not names:
+            return "this server serves no model"
+        shown = ", ".join(n if len(n) <= MAX_NAME_CHARS else n[:MAX_NAME_CHARS] + "..."
+                          for n in names[:MAX_NAMES_LISTED])
+        if len(names) > MAX_NAMES_LISTED:
+            shown += " and %d more" % (len(names) - MAX_NAMES_LISTED)
+        return "this server serves model%s %s" % ("s" if len(names) > 1 else "", shown)
 
     def _resolve_label_locked(self, name, label):
         number = (self._labels or {}).get(name, {}).get(label)
@@ -442,13 +480,24 @@ class ModelManager:
             model = self._models.get(name) or self._removed.get(name)
             states = {} if model is None else {
                 n: (v.state, v.error) for n, v in model.versions.items() if v.state}
+            if model is None:
+                why = self._served_names_locked()
+            else:
+                why = model.diagnosis if name in self._models else ""
         if version is not None:
             if version not in states:
                 raise errors.not_found("Could not find version %d of model %s", version, name)
             states = {version: states[version]}
         if not states:
-            raise errors.not_found("Could not find any versions of model %s", name)
+            raise errors.not_found("Could not find any versions of model %s%s", name,
+                                   _suffix(why))
         return [(v, s, e) for v, (s, e) in sorted(states.items(), reverse=True)]
+
+    def diagnosis(self, name):
+        """Why the model's base path had no version at the last poll, or ""."""
+        with self._lock:
+            model = self._models.get(name)
+            return model.diagnosis if model is not None else ""
 
     def available_versions(self, name):
         with self._lock:
@@ -456,6 +505,10 @@ class ModelManager:
             if model is None:
                 return []
             return sorted(n for n, v in model.versions.items() if v.state == AVAILABLE)
+
+
+def _suffix(diagnosis):
+    return ": " + diagnosis if diagnosis else ""
 
 
 def _check_unique(configs):

@@ -7,13 +7,25 @@ GetModelMetadata and GetModelStatus (the command is slimserve/cli/client.py).
     slimserve-client status   --server=localhost:8500
 
 Retries (with exponential backoff) only on UNAVAILABLE, the status a server gives
-while it starts, swaps versions or sheds load; anything else is final.
+while it starts, swaps versions or sheds load; anything else is final. (Whether anything
+listens at all is serving/tools/channel.py's check, which needs no TensorFlow.)
+
+`predict_files` is the bulk path of `slimserve-client predict`: every file is checked
+before it is sent (a regular file within --max_message_bytes that starts like a JPEG,
+PNG, GIF or BMP), and a batch the server refuses is split in halves until the image at
+fault is alone, so one bad file costs one error line, never its neighbours' answers.
 """
+import collections
 import concurrent.futures
+import os
+import stat
+import threading
 import time
 
 import grpc
+import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import classification_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2
 from tensorflow_serving.apis import get_model_status_pb2
@@ -23,8 +35,19 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve import conventions
 from slimserve.serving.core import tensors
+from slimserve.serving.tools import channel as channel_lib
 
-DEFAULT_MESSAGE_BYTES = 256 * 1024 * 1024  # gRPC's 4 MB default trips image batches
+DEFAULT_MESSAGE_BYTES = channel_lib.DEFAULT_MESSAGE_BYTES
+# A batch refused with one of these may be refused for one image in it: it is split.
+# Anything else (no such model or signature, no server, the deadline) ends the run.
+_SPLIT_ON = frozenset([grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INTERNAL,
+                       grpc.StatusCode.UNKNOWN])
+_MAX_ERROR_CHARS = 300
+
+# One file's answer: `error` (a sentence) or the top class and `top_k`, a list of
+# (class id, class name or None, probability), most probable first.
+FileResult = collections.namedtuple("FileResult", "path error class_id class_name top_k")
 
 
 class Client:
@@ -35,14 +58,16 @@ class Client:
                  retries=3, backoff_seconds=0.2, image_key=conventions.ENCODED):
         if version is not None and version_label:
             raise ValueError("give a version or a version label, not both")
-        self.channel = grpc.insecure_channel(target, options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)])
+        self.channel = channel_lib.open_channel(target, max_message_bytes)
+        self.max_message_bytes = max_message_bytes
         self._predict = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self._model = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.model_name, self.version, self.version_label = model_name, version, version_label
         self.timeout, self.retries, self.backoff = timeout, retries, backoff_seconds
         self.image_key = image_key
+        self._names_lock = threading.Lock()
+        self._names = None  # every class name in id order, once learned (class_names)
+        self._names_tried = False
 
     def close(self):
         self.channel.close()
@@ -118,20 +143,138 @@ class Client:
         return [(s.version, states.Name(s.state), s.status.error_message)
                 for s in response.model_version_status]
 
-    def predict_files(self, paths, batch_size=1, concurrency=1):
-        """Reads and predicts many files: `batch_size` per request, `concurrency`
-        requests in flight. Returns one (path, class name, probabilities) per file."""
-        batches = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
+    def image_signature(self, signature_name=conventions.DEFAULT_SIGNATURE):
+        """The input key of a signature that takes encoded images (one string input) and
+        answers `probabilities`; ValueError saying what the model has otherwise."""
+        signatures = self.metadata()
+        if signature_name not in signatures:
+            raise ValueError("model %s has no signature %r (it has %s)" % (
+                self.model_name, signature_name, ", ".join(sorted(signatures))))
+        signature = signatures[signature_name]
+        inputs = {key: types_pb2.DataType.Name(info.dtype)
+                  for key, info in signature.inputs.items()}
+        if len(inputs) != 1 or list(inputs.values()) != ["DT_STRING"]:
+            raise ValueError(
+                "signature %s takes %s; slimserve-client predict sends encoded image files, "
+                "so pick a signature with one string input (e.g. --signature_name=%s)" % (
+                    signature_name, ", ".join("%s (%s)" % kv for kv in sorted(inputs.items())),
+                    conventions.DEFAULT_SIGNATURE))
+        if conventions.PROBABILITIES not in signature.outputs:
+            raise ValueError("signature %s has no %r output (it has %s)" % (
+                signature_name, conventions.PROBABILITIES, ", ".join(sorted(signature.outputs))))
+        return next(iter(inputs))
 
-        def one(batch):
-            images = []
-            for path in batch:
-                with open(path, "rb") as handle:
-                    images.append(handle.read())
-            out = self.predict_images(images)
-            return [(path, out[conventions.CLASS_NAMES][i].decode(),
-                     out[conventions.PROBABILITIES][i])
-                    for i, path in enumerate(batch)]
+    def class_names(self, image, count):
+        """Every class name in id order, learned once from the model's classify signature
+        (its `classes` output lists them all) with one image; None when the model has no
+        such signature or its answer does not have `count` classes."""
+        with self._names_lock:
+            if not self._names_tried:
+                self._names_tried = True
+                try:
+                    rows = self.classify([image])
+                    names = [label for label, _ in rows[0]] if rows else []
+                    self._names = names if len(names) == count else None
+                except grpc.RpcError:
+                    self._names = None
+            return self._names
 
-        with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as pool:
-            return [row for rows in pool.map(one, batches) for row in rows]
+    def predict_files(self, paths, batch_size=8, concurrency=1,
+                      signature_name=conventions.DEFAULT_SIGNATURE, top_k=3):
+        """Yields one FileResult per path, in order, as answers arrive: `batch_size`
+        images per request, `concurrency` requests in flight, at most 2 x `concurrency`
+        batches read ahead. A file that cannot be sent, or that the server refuses, gets
+        an error; the others in its batch are answered. Raises ValueError for a signature
+        that does not take images, grpc.RpcError when the server fails the run (no such
+        model, no server, a deadline)."""
+        input_key = self.image_signature(signature_name)
+        batch_size, concurrency = max(1, batch_size), max(1, concurrency)
+        batches = (paths[i:i + batch_size] for i in range(0, len(paths), batch_size))
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            pending = collections.deque()
+            for batch in batches:
+                pending.append(pool.submit(self._predict_batch, batch, input_key,
+                                           signature_name, top_k))
+                if len(pending) >= 2 * concurrency:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+
+    def _predict_batch(self, paths, input_key, signature_name, top_k):
+        results, images = {}, []
+        for index, path in enumerate(paths):
+            data, error = read_image(path, self.max_message_bytes)
+            if error:
+                results[index] = FileResult(path, error, None, None, [])
+            else:
+                images.append((index, data))
+        for (index, data), outputs in self._run_isolating(images, input_key, signature_name):
+            if isinstance(outputs, str):
+                results[index] = FileResult(paths[index], outputs, None, None, [])
+            else:
+                results[index] = self._result(paths[index], data, outputs, top_k)
+        return [results[index] for index in range(len(paths))]
+
+    def _run_isolating(self, images, input_key, signature_name):
+        """[((index, data), {output: row} or an error sentence)] for the batch; a batch
+        refused for what may be one image's fault is split in halves until it is alone."""
+        if not images:
+            return []
+        try:
+            out = self.predict({input_key: [data for _, data in images]}, signature_name)
+        except grpc.RpcError as error:
+            if error.code() not in _SPLIT_ON:
+                raise
+            if len(images) == 1:
+                details = (error.details() or "").strip().splitlines()
+                return [(images[0], "the server refused it: %s: %s" % (
+                    error.code().name, (details[0] if details else "")[:_MAX_ERROR_CHARS]))]
+            half = len(images) // 2
+            return (self._run_isolating(images[:half], input_key, signature_name) +
+                    self._run_isolating(images[half:], input_key, signature_name))
+        return [(image, {key: value[position] for key, value in out.items()})
+                for position, image in enumerate(images)]
+
+    def _result(self, path, data, outputs, top_k):
+        probabilities = np.asarray(outputs[conventions.PROBABILITIES], np.float64).reshape(-1)
+        order = [int(i) for i in np.argsort(-probabilities, kind="stable")[:max(1, top_k)]]
+        class_id = order[0]
+        answered = outputs.get(conventions.CLASS_NAMES)
+        answered = answered.decode("utf-8", "replace") if isinstance(answered, bytes) \
+            else None
+        names = self.class_names(data, len(probabilities)) if top_k > 1 or answered is None \
+            else None
+        if names is not None and answered is not None and names[class_id] != answered:
+            names = None  # another signature's classes: trust only what this one said
+        name = answered if answered is not None else (names[class_id] if names else None)
+        return FileResult(path, None, class_id, name, [
+            (i, name if i == class_id else (names[i] if names else None),
+             float(probabilities[i])) for i in order])
+
+
+def read_image(path, max_bytes):
+    """(bytes, None), or (None, why) for a file that cannot be sent: not a regular file,
+    unreadable, empty, over `max_bytes`, or not a JPEG, PNG, GIF or BMP (what every
+    serving signature decodes), judged by its first bytes. Never opens a named pipe."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        return None, "cannot read it: %s" % (error.strerror or error)
+    if stat.S_ISDIR(info.st_mode):
+        return None, "is a directory, not an image file"
+    if not stat.S_ISREG(info.st_mode):
+        return None, "is not a regular file (a pipe, socket or device), not an image file"
+    if info.st_size > max_bytes:
+        return None, "%d bytes, more than --max_message_bytes (%d)" % (info.st_size, max_bytes)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as error:
+        return None, "cannot read it: %s" % (error.strerror or error)
+    if len(data) > max_bytes:
+        return None, "more than --max_message_bytes (%d) bytes" % max_bytes
+    if not data:
+        return None, "is empty"
+    if conventions.image_format(data) is None:
+        return None, "is not a JPEG, PNG, GIF or BMP image (the formats the model decodes)"
+    return data, None

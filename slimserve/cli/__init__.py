@@ -2,7 +2,26 @@
 and the helpers they share (logs.py: quiet logging; beam.py: Beam options). Each command
 module defines its absl flags at import and calls the library; library modules define none
 and never import this package."""
+import os
+import sys
+
 # Before any library import: TensorFlow's start-up noise is filtered while it loads.
 from slimserve.cli import logs  # noqa: E402  pylint: disable=wrong-import-position
 
-logs.quiet_tensorflow()
+# Commands that import no library before main() and want to answer before TensorFlow has
+# loaded (seconds): slimserve-client says "nothing is listening" first. logs.run still
+# quiets TensorFlow before they import it. Named as a console script or as `python -m`.
+_TENSORFLOW_LATER = ("slimserve-client", "slimserve.cli.client")
+
+
+def _command():
+    """The console script's name, or the module of `python -m` (argv[0] is "-m" while
+    its packages import; sys.orig_argv, Python 3.10+, still has the module)."""
+    original = list(getattr(sys, "orig_argv", []))
+    if "-m" in original[:-1]:
+        return original[original.index("-m") + 1]
+    return os.path.basename(sys.argv[0]) if sys.argv else ""
+
+
+if _command() not in _TENSORFLOW_LATER:
+    logs.quiet_tensorflow()
