@@ -225,6 +225,8 @@ class ModelServer:
                 connection_limit=options.rest_connection_limit,
                 idle_timeout_seconds=options.rest_idle_timeout_seconds,
                 read_timeout_seconds=options.rest_read_timeout_seconds,
+                header_timeout_seconds=options.rest_header_timeout_seconds,
+                min_request_bytes_per_second=options.rest_min_request_bytes_per_second,
                 enable_cors=options.rest_api_enable_cors_support,
                 ssl_context=tls.server_ssl_context(ssl_config) if ssl_config else None)
             self.rest_api_port = self._rest.port
