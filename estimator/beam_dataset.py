@@ -167,28 +167,32 @@ def _read_summaries(staging, the_plan):
 def build_dataset(input_path, output_dir, options,
                   validation_fraction=0.2, validation_input=None, train_shards=8,
                   validation_shards=2, seed=0, jpeg_quality=95, overwrite=False,
-                  max_shorter_side=0, max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES):
+                  max_shorter_side=0, max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES,
+                  force_unlock=False):
     """dataset.build_dataset on Beam, with these PipelineOptions (runner and its options:
-    slimserve/cli/beam.py makes them from the flags); returns the dataset_info dictionary."""
+    slimserve/cli/beam.py makes them from the flags); returns the dataset_info dictionary.
+    The launcher holds the output folder's lock (dataset.lock_output) for the whole run."""
     import apache_beam as beam  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     the_plan = dataset.plan(input_path, validation_fraction, validation_input, train_shards,
                             validation_shards, seed, max_shorter_side, max_file_bytes,
                             reader=read_input)
     num_shards = {split: len(bounds) for split, bounds in the_plan.bounds.items()}
-    staging = dataset.prepare_output(output_dir, overwrite)
-    tf.io.gfile.makedirs(dataset.join(staging, _SUMMARIES))
+    with dataset.lock_output(output_dir, force_unlock):
+        staging = dataset.prepare_output(output_dir, overwrite)
+        tf.io.gfile.makedirs(dataset.join(staging, _SUMMARIES))
 
-    with beam.Pipeline(options=options) as pipeline:
-        _ = (pipeline
-             | "Plan" >> beam.Create(list(planned_files(the_plan)))
-             | "Spread" >> beam.Reshuffle()
-             | "Convert" >> beam.Map(convert, jpeg_quality, max_shorter_side, max_file_bytes)
-             | "GroupByShard" >> beam.GroupByKey()
-             | "WriteShard" >> beam.Map(write_shard, staging, num_shards,
-                                        dataset.label_ids(the_plan.names)))
+        with beam.Pipeline(options=options) as pipeline:
+            _ = (pipeline
+                 | "Plan" >> beam.Create(list(planned_files(the_plan)))
+                 | "Spread" >> beam.Reshuffle()
+                 | "Convert" >> beam.Map(convert, jpeg_quality, max_shorter_side,
+                                         max_file_bytes)
+                 | "GroupByShard" >> beam.GroupByKey()
+                 | "WriteShard" >> beam.Map(write_shard, staging, num_shards,
+                                            dataset.label_ids(the_plan.names)))
 
-    summaries = _read_summaries(staging, the_plan)
-    tf.io.gfile.rmtree(dataset.join(staging, _SUMMARIES))
-    return dataset.finish(dataset.assemble_info(the_plan, summaries), the_plan, staging,
-                          output_dir, input_path)
+        summaries = _read_summaries(staging, the_plan)
+        tf.io.gfile.rmtree(dataset.join(staging, _SUMMARIES))
+        return dataset.finish(dataset.assemble_info(the_plan, summaries), the_plan, staging,
+                              output_dir, input_path)

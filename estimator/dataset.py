@@ -13,6 +13,10 @@ Everything is written into `<output_dir>/.partial/` first and moved into place o
 when complete; `dataset_info.json` is moved last and marks a finished data set. An
 interrupted run therefore never leaves a shard that looks finished, and a failed
 `--overwrite` keeps the previous data set intact.
+One conversion at a time per output folder: `<output_dir>/.convert.lock`
+(estimator/run_lock.py, as training locks its model_dir) is held from before the
+staging folder is touched until publication, so a second run into the same folder
+fails naming the holder instead of publishing a mix of both.
 
 Every converter runs the same steps, defined here once: `plan` (list, check names,
 split, shuffle, shard ranges), `write_shard` (per-shard records and summary),
@@ -22,6 +26,7 @@ process pool; estimator/beam_dataset.py runs the same plan on Apache Beam. Outpu
 steps go through tf.io.gfile, so they work on local and gs:// paths alike.
 """
 import collections
+import contextlib
 import csv
 import glob
 import json
@@ -33,6 +38,7 @@ import re
 import unicodedata
 
 from slimserve.estimator import image_files
+from slimserve.estimator import run_lock
 from slimserve.estimator import schema
 
 PARTIAL_DIR = ".partial"
@@ -428,31 +434,48 @@ def finish(info, the_plan, staging, output_dir, input_path):
     return info
 
 
+@contextlib.contextmanager
+def lock_output(output_dir, force_unlock=False):
+    """Holds `output_dir`'s lock for the block: DatasetError naming the holder while
+    another conversion writes there; a stale lock is taken over (run_lock.py)."""
+    lock = run_lock.RunLock.for_output_dir(output_dir, force_unlock)
+    try:
+        lock.acquire()
+    except run_lock.LockedError as error:
+        raise DatasetError(str(error)) from None
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
 def build_dataset(input_path, output_dir, validation_fraction=0.2, validation_input=None,
                   train_shards=8, validation_shards=2, seed=0, num_workers=None,
                   jpeg_quality=95, overwrite=False, show_progress=True, max_shorter_side=0,
-                  max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES):
+                  max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES, force_unlock=False):
     """Converts images to TFRecords; returns the dataset_info dictionary.
 
     Only regular files of at most `max_file_bytes` bytes are read (0: no limit); others
     are skipped with the reason. Classes without a usable training image are left out
-    and listed in `dropped_classes` with the reason.
+    and listed in `dropped_classes` with the reason. `output_dir` is locked for the run
+    (lock_output; `force_unlock` takes over another host's lock).
     """
     the_plan = plan(input_path, validation_fraction, validation_input, train_shards,
                     validation_shards, seed, max_shorter_side, max_file_bytes)
-    staging = prepare_output(output_dir, overwrite)
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    context = multiprocessing.get_context("fork")
-    workers = num_workers or os.cpu_count() or 1
-    summaries = {}
-    with context.Pool(workers) as pool, tqdm(
-            total=sum(len(items) for items in the_plan.items.values()), unit="img",
-            desc="converting", disable=not show_progress) as progress:
-        for split in schema.SPLITS:
-            summaries[split] = _write_split(split, the_plan, staging, pool, jpeg_quality,
-                                            progress)
-    return finish(assemble_info(the_plan, summaries), the_plan, staging, output_dir,
-                  input_path)
+    with lock_output(output_dir, force_unlock):
+        staging = prepare_output(output_dir, overwrite)
+        from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+        context = multiprocessing.get_context("fork")
+        workers = num_workers or os.cpu_count() or 1
+        summaries = {}
+        with context.Pool(workers) as pool, tqdm(
+                total=sum(len(items) for items in the_plan.items.values()), unit="img",
+                desc="converting", disable=not show_progress) as progress:
+            for split in schema.SPLITS:
+                summaries[split] = _write_split(split, the_plan, staging, pool, jpeg_quality,
+                                                progress)
+        return finish(assemble_info(the_plan, summaries), the_plan, staging, output_dir,
+                      input_path)
 
 
 def format_summary(info, output_dir):

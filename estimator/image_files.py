@@ -17,13 +17,12 @@ picklable ImageResult, never as an exception, so they suit process pools and Apa
 Beam workers. Free of TensorFlow so that worker processes start fast and fork safely.
 """
 import collections
-import errno
 import io
-import os
-import stat
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from slimserve import regular_files
 
 # Larger than any camera JPEG or 8-bit PNG of a 50-megapixel photo (~25-50 MB), small
 # enough that a pool of workers holding one file each plus its decoded pixels stays
@@ -54,64 +53,13 @@ class SkippedImage(Exception):
 
 
 def read_file(path, max_file_bytes=DEFAULT_MAX_FILE_BYTES):
-    """The bytes of `path` if it is a regular file of at most `max_file_bytes` bytes.
-
-    Checked with stat before opening (so a device is never opened) and again with
-    fstat on the descriptor opened non-blocking (so a FIFO swapped in meanwhile
-    cannot block); the read is bounded even if the file grows.
-    """
+    """The bytes of `path` if it is a regular file of at most `max_file_bytes` bytes;
+    SkippedImage with the reason otherwise (slimserve/regular_files.py, which bulk
+    inference shares)."""
     try:
-        status = os.stat(path)
-    except OSError as error:
-        if error.errno == errno.ENOENT and os.path.islink(path):
-            raise SkippedImage("dangling symlink (target %r does not exist)"
-                               % os.readlink(path)) from None
-        if error.errno == errno.ELOOP:
-            raise SkippedImage("symlink loop") from None
-        raise SkippedImage("unreadable: %s" % (error.strerror or error)) from None
-    _check_regular(status, max_file_bytes)
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as error:
-        raise SkippedImage("unreadable: %s" % (error.strerror or error)) from None
-    with os.fdopen(descriptor, "rb", buffering=0) as handle:
-        status = os.fstat(handle.fileno())
-        _check_regular(status, max_file_bytes)
-        try:
-            return _read_bounded(handle, status.st_size, max_file_bytes)
-        except OSError as error:
-            raise SkippedImage("unreadable: %s" % (error.strerror or error)) from None
-
-
-def _read_bounded(handle, size, max_file_bytes):
-    """Reads the stated size plus whatever the file grew by, never past the cap
-    (one allocation of the stated size, not of the cap)."""
-    chunks = [handle.read(size + 1)]
-    total = len(chunks[0])
-    while total > size:  # the file grew while being read: continue in bounded steps
-        if max_file_bytes and total > max_file_bytes:
-            raise SkippedImage("file grew past max_file_bytes=%d while being read"
-                               % max_file_bytes)
-        chunk = handle.read(1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks) if len(chunks) > 1 else chunks[0]
-
-
-def _check_regular(status, max_file_bytes):
-    mode = status.st_mode
-    if not stat.S_ISREG(mode):
-        kind = ("a directory" if stat.S_ISDIR(mode) else
-                "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
-                "a character device" if stat.S_ISCHR(mode) else
-                "a block device" if stat.S_ISBLK(mode) else
-                "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-        raise SkippedImage("not a regular file: %s" % kind)
-    if max_file_bytes and status.st_size > max_file_bytes:
-        raise SkippedImage("file too large: %d bytes > max_file_bytes=%d"
-                           % (status.st_size, max_file_bytes))
+        return regular_files.read_regular(path, max_file_bytes)
+    except regular_files.NotReadable as reason:
+        raise SkippedImage(str(reason)) from None
 
 
 def shrunk_size(width, height, max_shorter_side):

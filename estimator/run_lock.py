@@ -1,25 +1,31 @@
-"""One trainer per model_dir: a lock file `<model_dir>/train.lock` created with O_EXCL.
+"""One owner per output directory: a lock file that exists or not, atomically.
 
-Two trainers on one model_dir both ran and interleaved their checkpoints. The lock file
-holds the holder's host, pid, process start time and start date, so the second trainer's
-error names who holds it. A lock whose holder is gone is stale:
+Training locks its model_dir (`<model_dir>/train.lock`): two trainers on one model_dir
+both ran and interleaved their checkpoints. The converter locks its output_dir
+(`<output_dir>/.convert.lock`, `for_output_dir`): two conversions into one folder
+published a mixed data set. The lock file holds the holder's host, pid, process start
+time and start date, so the second run's error names who holds it. A lock whose holder is
+gone is stale:
 - same host, and that pid is not running (or is a newer process with the same pid):
   taken over, with a log line;
 - another host: this host cannot tell whether that trainer still runs, so the lock is
-  refused unless `force=True` (--force_unlock), to be used once that trainer is gone.
-Only the chief of a TF_CONFIG cluster takes it (its workers share the model_dir).
+  refused unless `force=True` (--force_unlock), to be used once that run is gone.
+Only the chief of a TF_CONFIG cluster takes the training lock (its workers share the
+model_dir).
 """
 import datetime
+import errno
 import json
 import logging
 import os
 import socket
 
 LOCK_FILE = "train.lock"
+CONVERT_LOCK_FILE = ".convert.lock"  # hidden, as .partial: the folder lists data only
 
 
 class LockedError(RuntimeError):
-    """Another trainer holds the model_dir's lock; the message names it."""
+    """Another run holds the directory's lock; the message names it."""
 
 
 def _process_stat(pid):
@@ -60,14 +66,27 @@ def _describe(holder):
 
 
 class RunLock:
-    """Context manager; `acquire()` raises LockedError naming the holder."""
+    """Context manager; `acquire()` raises LockedError naming the holder.
 
-    def __init__(self, model_dir, force=False):
+    directory: what is locked; lock_file: the lock's name in it. The words of the errors:
+    `holder` (who runs: "trainer"), `flag` (the flag naming the directory) and `harm`
+    (what two runs would do)."""
+
+    def __init__(self, directory, force=False, lock_file=LOCK_FILE, holder="trainer",
+                 flag="--model_dir", harm="two trainers on one --model_dir interleave "
+                 "checkpoints"):
         # O_EXCL means nothing on object stores (gs://, s3://): no lock is taken there.
-        self.remote = "://" in str(model_dir)
-        self.path = os.path.join(str(model_dir), LOCK_FILE)
+        self.remote = "://" in str(directory)
+        self.path = os.path.join(str(directory), lock_file)
         self._force = force
         self._held = False
+        self._holder_word, self._flag, self._harm = holder, flag, harm
+
+    @classmethod
+    def for_output_dir(cls, output_dir, force=False):
+        """The converter's lock on its --output_dir."""
+        return cls(output_dir, force, CONVERT_LOCK_FILE, "conversion", "--output_dir",
+                   "two conversions into one --output_dir publish a mixed data set")
 
     def _holder(self):
         try:
@@ -76,7 +95,7 @@ class RunLock:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            return {}  # half-written by a trainer killed while taking it
+            return {}  # not ours: unreadable or half-written by an older version
 
     def _create(self):
         pid = os.getpid()
@@ -84,15 +103,32 @@ class RunLock:
                 "start_ticks": _process_start_ticks(pid),
                 "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
                     timespec="seconds")}
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(info, handle)
+        # Written whole under a private name, then hard-linked into place (fails if the
+        # lock exists): a lock file is never seen empty, so a run starting at the same
+        # moment cannot mistake a half-written lock for a dead holder's and take it over.
+        private = "%s.%s.%d" % (self.path, socket.gethostname(), pid)
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(info, handle)
+            try:
+                os.link(private, self.path)
+            except OSError as error:
+                if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise  # FileExistsError included
+                # No hard links on this file system: create it exclusively instead.
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "w") as handle:
+                    json.dump(info, handle)
+        finally:
+            os.remove(private)
         self._held = True
 
     def acquire(self):
         if self.remote:
             logging.warning("%s is not on a local filesystem: no lock taken; make sure no "
-                            "other trainer uses this --model_dir", os.path.dirname(self.path))
+                            "other %s uses this %s", os.path.dirname(self.path),
+                            self._holder_word, self._flag)
             return self
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         for _ in range(3):  # a lost race against another stale-lock taker: look again
@@ -114,14 +150,15 @@ class RunLock:
                 reason = "held by %s, taken over by --force_unlock" % _describe(holder)
             elif holder.get("host") == here:
                 raise LockedError(
-                    "%s is held by another trainer, %s; wait for it to finish or stop it "
-                    "(two trainers on one --model_dir interleave checkpoints), or use "
-                    "another --model_dir" % (self.path, _describe(holder)))
+                    "%s is held by another %s, %s; wait for it to finish or stop it "
+                    "(%s), or use another %s" % (self.path, self._holder_word,
+                                                 _describe(holder), self._harm, self._flag))
             else:
                 raise LockedError(
-                    "%s is held by a trainer on another host, %s; this host cannot tell "
+                    "%s is held by a %s on another host, %s; this host cannot tell "
                     "whether it still runs. If it is gone, rerun with --force_unlock; "
-                    "otherwise use another --model_dir" % (self.path, _describe(holder)))
+                    "otherwise use another %s" % (self.path, self._holder_word,
+                                                  _describe(holder), self._flag))
             logging.warning("lock %s was %s; taking it over", self.path, reason)
             try:
                 os.remove(self.path)

@@ -67,13 +67,26 @@ def requests_from_logs(logs, per_shape=1, max_records=MAX_RECORDS):
     return out
 
 
+def check_pattern(pattern, flag="--warmup_from"):
+    """The published log files `pattern` matches ([] for none yet); ValueError naming the
+    flag when it matches a folder (request logs are files: a folder is a mistaken
+    pattern, which TFRecord reading would fail on with a traceback)."""
+    matches = [f for f in tf.io.gfile.glob(pattern) if not f.rsplit("/", 1)[-1].startswith(".")]
+    folders = [f for f in matches if tf.io.gfile.isdir(f)]
+    if folders:
+        raise ValueError("%s=%s matches the folder %s; request logs are files: give a pattern "
+                         "of them, e.g. %s/<filename_prefix>*" % (
+                             flag, pattern, folders[0], folders[0].rstrip("/")))
+    return matches
+
+
 def traffic_warmup(pattern):
     """Warmup records built from the request logs matching `pattern` (a glob); [] when
     no log file matches yet, so the caller falls back to validation images. A file that
-    is not a PredictionLog TFRecord is an error naming it."""
+    is not a PredictionLog TFRecord, or a folder, is an error naming it."""
     if not pattern:
         return []
-    if not [f for f in tf.io.gfile.glob(pattern) if not f.rsplit("/", 1)[-1].startswith(".")]:
+    if not check_pattern(pattern):
         logging.warning("--warmup_from=%s matches no request log; warming up with "
                         "validation images instead", pattern)
         return []

@@ -66,14 +66,22 @@ class ServerOptions:
     rest_api_enable_cors_support: bool = _flag(False, "Send CORS headers in REST responses.")
     rest_max_body_bytes: int = _flag(64 * 2 ** 20, "Larger REST bodies get 413 before they "
                                      "are read.", lower_bound=1, slimserve_only=True)
-    rest_connection_limit: int = _flag(256, "Open REST connections; past it the "
-                                       "longest-idle are closed.", lower_bound=1,
+    rest_connection_limit: int = _flag(256, "Open REST connections; at it the "
+                                       "longest-idle are closed, and while a client waits "
+                                       "the slowest partial requests.", lower_bound=1,
                                        slimserve_only=True)
     rest_idle_timeout_seconds: int = _flag(30, "Close a REST connection idle this long.",
                                            lower_bound=1, slimserve_only=True)
-    rest_read_timeout_seconds: int = _flag(60, "Drop a REST request not fully received this "
+    rest_read_timeout_seconds: int = _flag(60, "Drop (408) a REST request not fully received this "
                                            "long after its first byte.", lower_bound=1,
                                            slimserve_only=True)
+    rest_header_timeout_seconds: int = _flag(10, "Drop (408) a REST request whose headers "
+                                             "are not received this long after its first "
+                                             "byte.", lower_bound=1, slimserve_only=True)
+    rest_min_request_bytes_per_second: int = _flag(
+        1024, "Drop (408) a REST request that, --rest_header_timeout_seconds after its first "
+        "byte, has arrived slower than this on average (trickling clients). 0: no minimum.",
+        lower_bound=0, slimserve_only=True)
     # --- models ---------------------------------------------------------------------------
     model_name: str = _flag("resnet", "Name of the model at --model_base_path (TF Serving's "
                             "default: 'default').")

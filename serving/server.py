@@ -8,7 +8,6 @@ loads the first versions and starts serving. slimserve-server (slimserve/cli/ser
 this plus flags; tests, the demo and benchmarks run it in process.
 """
 import logging
-import os
 import threading
 import time
 from concurrent import futures
@@ -19,6 +18,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1 import health_pb2_grpc
 
 from slimserve.serving import options as options_lib
+from slimserve.serving.api import addresses
 from slimserve.serving.api import grpc_service
 from slimserve.serving.api import http_server
 from slimserve.serving.api import profiler_service
@@ -169,6 +169,14 @@ def _monitoring_path(options):
     return None
 
 
+def _check_free(host, port, flag, api):
+    """OSError naming the flag when host:port cannot be bound (in use, say)."""
+    reason = addresses.tcp_bind_error(host, port) if port > 0 else None
+    if reason:
+        raise OSError("%s %d: cannot bind %s to %s:%d: %s" % (flag, port, api, host, port,
+                                                              reason))
+
+
 class ModelServer:
     """gRPC + REST front ends over one ModelManager, configured by one ServerOptions.
 
@@ -225,7 +233,9 @@ class ModelServer:
         self._reload_lock = threading.Lock()  # one model-set change at a time
         self.ssl_config = ssl_config
         grpc_options = dict([("grpc.max_receive_message_length", _MAX_MESSAGE),
-                             ("grpc.max_send_message_length", _MAX_MESSAGE)])
+                             ("grpc.max_send_message_length", _MAX_MESSAGE),
+                             # one server per port: a second one fails to bind (addresses.py)
+                             ("grpc.so_reuseport", 0)])
         grpc_options.update(dict(channel_arguments))  # gRPC would honour the first duplicate
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=options.grpc_max_threads),
@@ -244,14 +254,16 @@ class ModelServer:
         self.bind_address = options.bind_address
         self.port = 0
         if options.port:
-            self.port = self._add_port("%s:%d" % (options.bind_address, max(options.port, 0)),
-                                       credentials)
+            self.port = self._add_port(options.bind_address, max(options.port, 0),
+                                       credentials, "--port")
         self.grpc_socket_path = options.grpc_socket_path or None
         if self.grpc_socket_path:
-            self._add_port("unix:" + os.path.abspath(self.grpc_socket_path), credentials)
+            self._add_port(None, addresses.check_unix_socket_path(self.grpc_socket_path),
+                           credentials, "--grpc_socket_path")
         self._rest = None
         self.rest_api_port = 0
         if options.rest_api_port:
+            _check_free(options.bind_address, options.rest_api_port, "--rest_api_port", "REST")
             self._rest = http_server.make_server(
                 self.service, options.bind_address, max(options.rest_api_port, 0),
                 self.metrics, monitoring, num_threads=options.rest_api_num_threads,
@@ -260,6 +272,8 @@ class ModelServer:
                 connection_limit=options.rest_connection_limit,
                 idle_timeout_seconds=options.rest_idle_timeout_seconds,
                 read_timeout_seconds=options.rest_read_timeout_seconds,
+                header_timeout_seconds=options.rest_header_timeout_seconds,
+                min_request_bytes_per_second=options.rest_min_request_bytes_per_second,
                 enable_cors=options.rest_api_enable_cors_support,
                 ssl_context=tls.server_ssl_context(ssl_config) if ssl_config else None)
             self.rest_api_port = self._rest.port
@@ -334,11 +348,21 @@ class ModelServer:
                    for logger in list(self.service.request_loggers.values())]
         return all(results) if timeout is not None else None
 
-    def _add_port(self, address, credentials):
-        bound = (self._grpc.add_secure_port(address, credentials) if credentials
-                 else self._grpc.add_insecure_port(address))
+    def _add_port(self, host, port, credentials, flag):
+        """Binds gRPC to host:port (host None: port is a Unix socket path); OSError naming
+        the flag, and why when it can tell, if that fails."""
+        if host is None:
+            address = "unix:" + port
+        else:
+            _check_free(host, port, flag, "gRPC")
+            address = "%s:%d" % (host, port)
+        try:
+            bound = (self._grpc.add_secure_port(address, credentials) if credentials
+                     else self._grpc.add_insecure_port(address))
+        except RuntimeError:  # grpcio >= 1.5x raises where older ones returned 0
+            bound = 0
         if bound == 0:
-            raise OSError("cannot bind gRPC to %s" % address)
+            raise OSError("%s: cannot bind gRPC to %s" % (flag, address))
         return bound
 
     def reload_config(self, config_proto, where="ReloadConfigRequest", from_operator=False):

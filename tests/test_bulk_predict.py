@@ -3,13 +3,18 @@
 an undecodable image without failing its batch, and the same rows on Beam's
 RunInference (DirectRunner)."""
 import glob
+import io
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve.serving.tools import beam_inference
@@ -17,7 +22,7 @@ from slimserve.serving.tools import bulk_predict
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.cli import beam as beam_cli
-from tests.helpers import serve_in_process
+from tests.helpers import ROOT, serve_in_process
 
 
 def read_rows(path):
@@ -161,3 +166,79 @@ def test_model_version_and_missing_input_are_named(export_dir, tmp_path):
         bulk_predict.model_path(base, 999)
     with pytest.raises(bulk_predict.BulkPredictError, match="matches no file"):
         bulk_predict.list_inputs(str(tmp_path / "nothing-*.png"))
+
+
+def _predict_cli(*args, timeout=600, prefix=(), env=None):
+    command = list(prefix) + [sys.executable, "-m", "slimserve.cli.predict"] + [
+        str(a) for a in args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env)
+
+
+def test_a_long_input_list_is_read_ahead_boundedly_under_a_memory_cap(export_dir, tmp_path):
+    """3,000 rows naming a 2 MiB image: every file read at once took 6 GB (a 40,000-row CSV
+    reached 4.2 GB and SIGSEGV); read ahead --read_ahead at a time it fits a 4.5 GB
+    address-space cap, TensorFlow and the model included."""
+    image = io.BytesIO()
+    Image.fromarray(np.random.RandomState(0).randint(0, 255, (32, 32, 3), np.uint8)).save(
+        image, "JPEG")
+    padded = tmp_path / "padded.jpg"  # decoders stop at the JPEG's end: cheap to score
+    padded.write_bytes(image.getvalue() + b"\0" * (2 << 20))
+    listing = tmp_path / "many.csv"
+    listing.write_text("path,label\n" + "padded.jpg,7\n" * 3000)
+    output = tmp_path / "many.jsonl"
+    env = dict(os.environ, MALLOC_ARENA_MAX="2")  # the cap measures data, not arenas
+    out = _predict_cli("--model_base_path", os.path.dirname(export_dir), "--input", listing,
+                       "--output", output, "--noprogress",
+                       prefix=["prlimit", "--as=%d" % (4500 * 1024 ** 2)], env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "many.jsonl.summary.json").read_text())
+    assert summary["images"] == summary["predicted"] == 3000
+
+
+def test_pipes_and_folders_are_error_rows_and_the_bar_counts_predictions(
+        export_dir, digits_data, digits_dir, tmp_path):
+    """A named pipe blocked the run forever; now it is an error row with the reason, as
+    the converter skips it. With TFRecord shards the bar counted 2 shards, not 359
+    predictions."""
+    root = tmp_path / "images"
+    (root / "3").mkdir(parents=True)
+    good = sorted(os.listdir(os.path.join(digits_dir, "3")))[0]
+    shutil.copy(os.path.join(digits_dir, "3", good), root / "3" / good)
+    os.mkfifo(root / "3" / "pipe.png")
+    listing = tmp_path / "list.csv"
+    listing.write_text("images/3/pipe.png,3\nimages/3\nimages/3/%s,3\n" % good)
+    base = os.path.dirname(export_dir)
+    for source in (root, listing):
+        output = tmp_path / "out.jsonl"
+        out = _predict_cli("--model_base_path", base, "--input", source, "--output", output,
+                           "--noprogress", timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = [json.loads(line) for line in output.read_text().splitlines()]
+        errors = {os.path.basename(r["path"]): r["error"] for r in rows if "error" in r}
+        assert errors.pop("pipe.png") == "not a regular file: a FIFO (named pipe)"
+        assert errors == ({} if source == root else {"3": "not a regular file: a directory"})
+        assert [os.path.basename(r["path"]) for r in rows if "error" not in r] == [good]
+
+    shards = os.path.join(digits_data, "validation-*-of-*")
+    out = _predict_cli("--model_base_path", base, "--input", shards, "--output",
+                       tmp_path / "shards.jsonl", "--progress")
+    assert out.returncode == 0, out.stderr[-3000:]
+    count = len((tmp_path / "shards.jsonl").read_text().splitlines())
+    assert re.search(r"predicting: %dimg \[" % count, out.stderr), out.stderr[-1000:]
+
+
+def test_an_output_that_is_a_folder_fails_before_any_inference(export_dir, digits_dir,
+                                                               tmp_path):
+    """Today every image was scored, then the run died with a traceback at the rename."""
+    out = _predict_cli("--model_base_path", os.path.dirname(export_dir), "--input",
+                       digits_dir, "--output", tmp_path, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "slimserve-predict: --output %s is a directory; give the path of a file to write"
+        % tmp_path)
+    assert not os.path.exists(str(tmp_path) + ".partial")  # nothing was scored
+    with pytest.raises(bulk_predict.BulkPredictError, match="--prediction_log .*folder "
+                       ".*missing does not exist"):
+        bulk_predict.check_settings(str(tmp_path / "x.jsonl"),
+                                    str(tmp_path / "missing" / "log"), 32)

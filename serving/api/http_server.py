@@ -7,8 +7,17 @@ socket, not a thread), a fixed pool of `num_threads` runs the app, bodies are re
 (Content-Length or chunked, capped at `max_body_bytes`) before a thread is taken, and
 there are idle timeouts and a connection limit (http.server's thread per connection has
 none of these). docs/serving.md has the measurements that chose it.
+
+Slow clients (slowloris): a request's headers must arrive within `header_timeout_seconds`
+of its first byte, after that it must keep an average of `min_request_bytes_per_second`,
+and all of it must arrive within `read_timeout_seconds`; a request that misses one of these
+gets a 408 naming the flag and loses its connection. At the connection limit idle
+connections are closed first; while a new connection waits and none is idle, the slowest
+partial requests (fewest bytes per second since their first byte) are; connections whose
+request is queued or running are never shed. docs/reliability.md states the guarantee.
 """
 import logging
+import select
 import socket
 import ssl
 import threading
@@ -23,7 +32,8 @@ import waitress.task
 from slimserve.serving.api import rest_api
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large",
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
+            413: "Payload Too Large",
             429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
             503: "Service Unavailable", 504: "Gateway Timeout"}
 
@@ -69,11 +79,22 @@ class _JsonErrorTask(waitress.task.ErrorTask):
 
 
 class _TimedParser(waitress.parser.HTTPRequestParser):
-    """Remembers when a request's first byte arrived, for the read timeout."""
+    """Remembers when a request's first byte arrived and how many bytes have come since,
+    for the header and read timeouts and the minimum data rate."""
 
     def __init__(self, adj):
         super().__init__(adj)
         self.started = time.monotonic()
+        self.bytes_received = 0
+
+    def received(self, data):
+        consumed = super().received(data)
+        self.bytes_received += consumed
+        return consumed
+
+    def rate(self, now):
+        """Average bytes per second since the first byte."""
+        return self.bytes_received / max(now - self.started, 1e-3)
 
 
 class _Channel(waitress.channel.HTTPChannel):
@@ -124,13 +145,44 @@ def _idle(channel):
         return True
 
 
+def _partial(channel):
+    """The request this connection is still receiving, when nothing of it is queued or
+    running (a pipelined request behind a running one waits on us, not on its client)."""
+    request = channel.request
+    if request is None or channel.requests or channel.will_close:
+        return None
+    return request
+
+
+def _refuse(channel, message):
+    """Answers 408 with a JSON error (best effort: the client may not read it) and closes
+    the connection; only for a connection with nothing queued, running or unsent."""
+    body = rest_api.error_body(message)
+    head = ("HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            "Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)).encode("ascii")
+    if not channel.total_outbufs_len:
+        with channel.outbuf_lock:
+            channel.outbufs[-1].append(head + body)
+            channel.current_outbuf_count += len(head) + len(body)
+            channel.total_outbufs_len += len(head) + len(body)
+    channel.will_close = True
+
+
 class _Server(waitress.server.TcpWSGIServer):
-    """waitress's TCP server, plus: at the connection limit the longest-idle connections
-    are closed to make room, so idle sockets delay nobody; and a drain for graceful stops."""
+    """waitress's TCP server, plus: deadlines and a minimum data rate for requests being
+    received; at the connection limit the longest-idle connections are closed to make room,
+    and while a connection waits to be accepted and none is idle, the slowest partial
+    requests; and a drain for graceful stops."""
 
     channel_class = _Channel
     read_timeout_seconds = 60
+    header_timeout_seconds = 10
+    min_request_bytes_per_second = 1024
     ssl_context = None
+    connection_limit = 256  # as the flag says (waitress's map also holds 2 internal sockets)
+    _next_deadline_check = 0.0
+    _overflow_logged = 0.0
+    shed = 0  # connections closed at the connection limit, for the log line
 
     def handle_accept(self):
         if self.ssl_context is None:
@@ -148,22 +200,91 @@ class _Server(waitress.server.TcpWSGIServer):
         _TlsChannel(self, conn, self.fix_addr(addr), self.adj, map=self._map)
         return None
 
-    def maintenance(self, now):
-        """waitress closes idle connections; also close those still sending one request
-        after read_timeout_seconds (a trickling client resets the idle clock forever)."""
-        super().maintenance(now)
-        cutoff = time.monotonic() - self.read_timeout_seconds
-        for channel in self.active_channels.values():
-            if channel.request is not None and channel.request.started < cutoff:
-                channel.will_close = True
+    def late_reason(self, request, now):
+        """Why a request still being received is out of time, or None."""
+        elapsed = now - request.started
+        if elapsed > self.read_timeout_seconds:
+            return ("request not received in full within --rest_read_timeout_seconds=%d"
+                    % self.read_timeout_seconds)
+        if elapsed > self.header_timeout_seconds:
+            if not request.headers_finished:
+                return ("request headers not received within --rest_header_timeout_seconds=%d"
+                        % self.header_timeout_seconds)
+            if request.rate(now) < self.min_request_bytes_per_second:
+                return ("request arriving at %.0f bytes/s, below "
+                        "--rest_min_request_bytes_per_second=%d"
+                        % (request.rate(now), self.min_request_bytes_per_second))
+        return None
+
+    def enforce_deadlines(self, now):
+        """Drops every request being received that is out of time (see late_reason). The
+        clock of a request waiting behind a queued or running one restarts: the server,
+        not its client, is holding it up."""
+        for channel in list(self.active_channels.values()):
+            request = channel.request
+            if request is None or channel.will_close:
+                continue
+            if channel.requests:
+                request.started, request.bytes_received = now, 0
+                continue
+            reason = self.late_reason(request, now)
+            if reason is not None:
+                _refuse(channel, reason)
+
+    def _connection_waiting(self):
+        """A client waits in the listening socket's backlog."""
+        poller = select.poll()
+        try:
+            poller.register(self.socket, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return False
+
+    def make_room(self, now):
+        """At the limit: close the longest-idle connections; if none is idle and a client
+        waits, the partial requests arriving slowest (a flood is cleared in a few turns of
+        the loop, 1/16 of the candidates each)."""
+        idle = sorted((c for c in self.active_channels.values()
+                       if not c.will_close and _idle(c)), key=lambda c: c.last_activity)
+        if idle:
+            victims = idle[:max(1, len(idle) // 16)]
+        else:
+            if not self._connection_waiting():
+                return
+            partial = sorted((c for c in self.active_channels.values() if _partial(c)),
+                             key=lambda c: c.request.rate(now))
+            victims = partial[:max(1, len(partial) // 16)]
+            for channel in victims:
+                _refuse(channel, "request dropped at --rest_connection_limit=%d: it was "
+                        "among the slowest arriving" % self.connection_limit)
+        for channel in victims:
+            channel.will_close = True
+        self.shed += len(victims)
+        if victims and now - self._overflow_logged > 60:
+            self._overflow_logged = now
+            logging.warning("REST: at --rest_connection_limit=%d; %d connection(s) closed "
+                            "to make room so far (idle first, then the slowest requests)",
+                            self.connection_limit, self.shed)
 
     def readable(self):
-        if self.accepting and len(self._map) >= self.adj.connection_limit:
-            idle = sorted((c for c in self.active_channels.values()
-                           if not c.will_close and _idle(c)), key=lambda c: c.last_activity)
-            for channel in idle[:max(1, len(idle) // 16)]:  # a flood is cleared in a few turns
-                channel.will_close = True
-        return super().readable()
+        """Called by the loop every turn (at least once a second): the idle timeout
+        (waitress's maintenance) and the request deadlines are enforced, room is made at
+        the limit, and no connection is accepted past it. (waitress's own readable() logs
+        every crossing of the limit, which a flood would turn into a log flood.)"""
+        now = time.monotonic()
+        if now >= self._next_deadline_check:
+            self._next_deadline_check = now + 1.0
+            self.enforce_deadlines(now)
+        wall = time.time()
+        if wall >= self.next_channel_cleanup:
+            self.next_channel_cleanup = wall + self.adj.cleanup_interval
+            self.maintenance(wall)
+        if not self.accepting:
+            return False
+        if len(self._map) >= self.adj.connection_limit:
+            self.make_room(now)
+            return False
+        return True
 
     def drain_step(self):
         """Runs in the loop thread: stop listening, close connections with nothing in
@@ -182,11 +303,16 @@ class RestServer:
     num_threads: app threads (TF Serving's --rest_api_num_threads; default 4 per CPU).
     timeout_ms: inference answering later gets 504 (--rest_api_timeout_in_ms; <=0: none).
     max_body_bytes: larger bodies get 413 before they are read.
-    connection_limit: open connections; past it the longest-idle one is closed.
+    connection_limit: open connections; at it, while a client waits, the longest-idle
+        connections are closed, or else the slowest partial requests.
     idle_timeout_seconds: a connection with no request in flight and no bytes moving for
         this long is closed (waitress checks every idle_timeout/2, at least each second).
     read_timeout_seconds: a request not received in full this long after its first byte
-        is dropped with its connection.
+        gets 408 and loses its connection.
+    header_timeout_seconds: the same for a request whose headers are not in this long
+        after its first byte.
+    min_request_bytes_per_second: the same for a request that, past header_timeout_seconds,
+        has arrived slower than this on average (0: no minimum rate).
     enable_cors: add TF Serving's CORS headers to every /v1 answer.
     ssl_context: serve HTTPS with it (--ssl_config_file; TF Serving's REST has no TLS).
     """
@@ -194,12 +320,16 @@ class RestServer:
     def __init__(self, service, address, port, metrics=None, monitoring_path=None,
                  num_threads=None, timeout_ms=30000, max_body_bytes=64 * 2 ** 20,
                  connection_limit=256, idle_timeout_seconds=30, read_timeout_seconds=60,
-                 enable_cors=False, ssl_context=None):
+                 enable_cors=False, ssl_context=None, header_timeout_seconds=10,
+                 min_request_bytes_per_second=1024):
         threads = num_threads or rest_api.default_num_threads()
         if min(connection_limit, max_body_bytes, idle_timeout_seconds,
-               read_timeout_seconds) < 1:
-            raise ValueError("REST connection_limit, max_body_bytes, idle_timeout_seconds and "
-                             "read_timeout_seconds must be positive")
+               read_timeout_seconds, header_timeout_seconds) < 1:
+            raise ValueError("REST connection_limit, max_body_bytes, idle_timeout_seconds, "
+                             "read_timeout_seconds and header_timeout_seconds must be "
+                             "positive")
+        if min_request_bytes_per_second < 0:
+            raise ValueError("REST min_request_bytes_per_second must be >= 0")
         self.api = rest_api.RestApi(service, metrics, monitoring_path, timeout_ms, threads,
                                     enable_cors)
         self._server = _Server(
@@ -211,6 +341,9 @@ class RestServer:
             max_request_body_size=max_body_bytes, asyncore_use_poll=True,
             ident="slimserve", expose_tracebacks=False, clear_untrusted_proxy_headers=False)
         self._server.read_timeout_seconds = read_timeout_seconds
+        self._server.header_timeout_seconds = header_timeout_seconds
+        self._server.connection_limit = connection_limit
+        self._server.min_request_bytes_per_second = min_request_bytes_per_second
         self._server.ssl_context = ssl_context
         self.port = int(self._server.effective_port)
         self._thread = None

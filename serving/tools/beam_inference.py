@@ -43,22 +43,25 @@ def _json_line(row):
 
 def predict_beam(model_base_path, input_spec, output, options,
                  model_version=None, batch_size=32, top_k=5, prediction_log=None,
-                 signature_name="serving_default"):
+                 signature_name="serving_default",
+                 max_file_bytes=bulk_predict.DEFAULT_MAX_FILE_BYTES):
     """Scores every input on Beam with these PipelineOptions (slimserve/cli/beam.py makes
-    them from the flags); returns the summary of the written JSON lines."""
+    them from the flags); returns the summary of the written JSON lines. Files are read
+    as bulk_predict reads them (regular files of at most `max_file_bytes`, else an error
+    row); Beam bounds what each worker holds."""
     import apache_beam as beam  # pylint: disable=g-import-not-at-top
     from apache_beam.ml.inference.base import RunInference  # pylint: disable=g-import-not-at-top
+    bulk_predict.check_settings(output, prediction_log, batch_size,
+                                max_file_bytes=max_file_bytes)
     refs = bulk_predict.list_inputs(input_spec)
     version, path = bulk_predict.model_path(model_base_path, model_version)
-    if batch_size < 1:
-        raise bulk_predict.BulkPredictError("--batch_size must be >= 1, got %d" % batch_size)
     handler = make_model_handler(path, version, signature_name, top_k, bool(prediction_log),
                                  max_batch_size=batch_size)
     with beam.Pipeline(options=options) as pipeline:
         rows = (pipeline
                 | "Inputs" >> beam.Create(refs)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.FlatMap(bulk_predict.read)
+                | "Read" >> beam.FlatMap(bulk_predict.read, max_file_bytes)
                 | "Predict" >> RunInference(handler))
         _ = (rows
              | "ToJson" >> beam.Map(_json_line)

@@ -11,6 +11,12 @@ precision and recall, confusion matrix, optionally as a PNG).
 Runs in process here (batched, files read ahead on threads, TensorFlow on every core);
 serving/tools/beam_inference.py runs the same ImageClassifier on Beam's RunInference. Needs
 only a SavedModel: imports nothing from estimator/ or export/.
+
+Bounded and never stuck: at most `read_ahead` files are read ahead of the model (memory
+is read_ahead x max_file_bytes at worst, whatever the input's length), only regular files
+of at most `max_file_bytes` are read (a named pipe, device or oversized file gets an
+error row with the reason, as the converter skips them), and the outputs are checked
+before the model loads.
 """
 import collections
 import concurrent.futures
@@ -25,6 +31,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import conventions
+from slimserve import regular_files
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
@@ -33,6 +40,11 @@ from slimserve.serving.core import version_dirs
 # One input to score: `key` names it in the output (a path, or `shard:index`).
 ImageRef = collections.namedtuple("ImageRef", "key label path record")
 ImageInput = collections.namedtuple("ImageInput", "key label data error")
+
+# As the converter's limit: larger than any camera image, small enough that `read_ahead`
+# of them fit in memory.
+DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+DEFAULT_READ_AHEAD = 64
 
 
 class BulkPredictError(ValueError):
@@ -69,6 +81,20 @@ def list_inputs(spec):
 
 def is_tfrecord_shard(ref):
     return ref.record is None and conventions.SHARD_NAME.match(ref.path) is not None
+
+
+def check_output(path, flag):
+    """BulkPredictError naming the flag unless `path` can be a new file: not a directory,
+    and (locally) in a folder that exists. Called before any model is loaded."""
+    if not path:
+        return
+    if tf.io.gfile.isdir(path):
+        raise BulkPredictError("%s %s is a directory; give the path of a file to write"
+                               % (flag, path))
+    if "://" not in path:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise BulkPredictError("%s %s: folder %s does not exist" % (flag, path, folder))
 
 
 def _folder(root):
@@ -115,19 +141,76 @@ def _csv(path):
     return refs
 
 
-def read(ref):
-    """The ImageInputs of one reference: one per file, one per record of a shard."""
+def read(ref, max_file_bytes=DEFAULT_MAX_FILE_BYTES):
+    """The ImageInputs of one reference: one per file, one per record of a shard (read
+    one at a time: use read_inputs to bound what is held). A file that is not a regular
+    file of at most `max_file_bytes` (0: no limit) is one input with the reason."""
     if is_tfrecord_shard(ref):
-        return list(_read_shard(ref.path))
+        return _read_shard(ref.path)
     try:
-        with tf.io.gfile.GFile(ref.path, "rb") as handle:
-            return [ImageInput(ref.key, ref.label, handle.read(), None)]
+        return [ImageInput(ref.key, ref.label, read_bytes(ref.path, max_file_bytes), None)]
+    except regular_files.NotReadable as reason:
+        return [ImageInput(ref.key, ref.label, None, str(reason))]
+
+
+def read_bytes(path, max_file_bytes=DEFAULT_MAX_FILE_BYTES):
+    """A file's bytes, bounded: local paths through regular_files.read_regular (regular
+    files only), others (gs://...) by size first; NotReadable with the reason."""
+    if "://" not in path:
+        return regular_files.read_regular(path, max_file_bytes)
+    try:
+        size = tf.io.gfile.stat(path).length
+        if max_file_bytes and size > max_file_bytes:
+            raise regular_files.NotReadable("file too large: %d bytes > max_file_bytes=%d"
+                                            % (size, max_file_bytes))
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            data = handle.read(max_file_bytes + 1 if max_file_bytes else -1)
     except (tf.errors.OpError, OSError) as error:
-        return [ImageInput(ref.key, ref.label, None, "unreadable: %s" % getattr(
-            error, "message", error))]
+        raise regular_files.NotReadable("unreadable: %s" % getattr(error, "message", error)
+                                        ) from None
+    if max_file_bytes and len(data) > max_file_bytes:
+        raise regular_files.NotReadable("file grew past max_file_bytes=%d while being read"
+                                        % max_file_bytes)
+    return data
+
+
+def read_inputs(refs, read_threads=4, read_ahead=DEFAULT_READ_AHEAD,
+                max_file_bytes=DEFAULT_MAX_FILE_BYTES):
+    """Every ImageInput of `refs` in order, files read on `read_threads` threads while at
+    most `read_ahead` of them wait to be consumed (submitting every file at once held a
+    40,000-row CSV's images in memory together); shard records one at a time."""
+    pending = collections.deque()
+    remaining = iter(refs)
+    with concurrent.futures.ThreadPoolExecutor(read_threads) as pool:
+        try:
+            while True:
+                while len(pending) < read_ahead:
+                    ref = next(remaining, None)
+                    if ref is None:
+                        break
+                    pending.append(ref if is_tfrecord_shard(ref) else
+                                   pool.submit(read, ref, max_file_bytes))
+                if not pending:
+                    return
+                head = pending.popleft()
+                if isinstance(head, ImageRef):
+                    yield from _read_shard(head.path)
+                else:
+                    yield from head.result()
+        finally:
+            for future in pending:
+                if not isinstance(future, ImageRef):
+                    future.cancel()
 
 
 def _read_shard(path):
+    if "://" not in path:
+        try:
+            regular_files.check_regular(os.stat(path), 0)
+        except (OSError, regular_files.NotReadable) as error:
+            yield ImageInput(path, None, None, str(error) if isinstance(
+                error, regular_files.NotReadable) else "unreadable: %s" % error.strerror)
+            return
     for index, record in enumerate(tf.compat.v1.io.tf_record_iterator(path)):
         key = "%s:%d" % (path, index)
         try:
@@ -162,7 +245,7 @@ class ImageClassifier:
                 raise BulkPredictError("signature %s of %s has no %r output (has %s)" % (
                     signature_name, path, key, sorted(self.signature.outputs)))
         self.output_keys = sorted(self.signature.outputs)
-        self.class_names = _read_labels(path)
+        self.class_names = read_model_labels(path)
         self.top_k = top_k
         self.prediction_log = prediction_log
 
@@ -243,8 +326,9 @@ def _error_row(item, message):
     return row
 
 
-def _read_labels(path):
-    """Class names from the SavedModel's labels.txt asset (`id:name`), if any."""
+def read_model_labels(path):
+    """Class names from the SavedModel's labels.txt asset (`id:name`), [] if it has none
+    (compare.py names its flips with them too)."""
     labels = os.path.join(path, "assets", conventions.LABELS_ASSET)
     if not tf.io.gfile.exists(labels):
         return []
@@ -253,52 +337,69 @@ def _read_labels(path):
 
 
 def write_rows(rows, output, log_writer=None):
-    """Appends rows to an open JSONL file (and their PredictionLogs to a TFRecordWriter)."""
+    """Appends rows to an open JSONL file (and their PredictionLogs to a TFRecordWriter);
+    returns how many."""
     for row in rows:
         log = row.pop("_prediction_log", None)
         if log is not None and log_writer is not None:
             log_writer.write(log)
         output.write(json.dumps(row, sort_keys=True) + "\n")
+    return len(rows)
+
+
+def check_settings(output, prediction_log, batch_size, read_threads=1,
+                   read_ahead=DEFAULT_READ_AHEAD, max_file_bytes=0):
+    """Refuses bad settings and unwritable outputs before any model loads, naming the flag."""
+    check_output(output, "--output")
+    check_output(prediction_log, "--prediction_log")
+    for flag, value in (("--batch_size", batch_size), ("--read_threads", read_threads),
+                        ("--read_ahead", read_ahead)):
+        if value < 1:
+            raise BulkPredictError("%s must be >= 1, got %d" % (flag, value))
+    if max_file_bytes < 0:
+        raise BulkPredictError("--max_file_bytes must be >= 0 (0: no limit), got %d"
+                               % max_file_bytes)
 
 
 def predict_local(model_base_path, input_spec, output, model_version=None, batch_size=32,
                   top_k=5, prediction_log=None, show_progress=True, read_threads=4,
-                  signature_name="serving_default"):
+                  signature_name="serving_default", read_ahead=DEFAULT_READ_AHEAD,
+                  max_file_bytes=DEFAULT_MAX_FILE_BYTES):
     """Scores every input in this process; returns the summary (see summarize)."""
+    check_settings(output, prediction_log, batch_size, read_threads, read_ahead,
+                   max_file_bytes)
     refs = list_inputs(input_spec)
     version, path = model_path(model_base_path, model_version)
-    if batch_size < 1:
-        raise BulkPredictError("--batch_size must be >= 1, got %d" % batch_size)
     classifier = ImageClassifier(path, version, signature_name=signature_name, top_k=top_k,
                                  prediction_log=bool(prediction_log))
     try:
         score(classifier, refs, output, batch_size, prediction_log, show_progress,
-              read_threads)
+              read_threads, read_ahead, max_file_bytes)
     finally:
         classifier.close()
     return summarize_file(output)
 
 
 def score(classifier, refs, output, batch_size=32, prediction_log=None, show_progress=False,
-          read_threads=4):
+          read_threads=4, read_ahead=DEFAULT_READ_AHEAD, max_file_bytes=DEFAULT_MAX_FILE_BYTES):
     """Reads, predicts and writes every reference with a loaded classifier; the output
-    (and the PredictionLog file) appear only when complete."""
+    (and the PredictionLog file) appear only when complete. The progress bar counts
+    predictions (rows written); its total is known when no input is a TFRecord shard."""
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     temporary = output + ".partial"
     log_writer = tf.io.TFRecordWriter(prediction_log + ".partial") if prediction_log else None
+    total = None if any(is_tfrecord_shard(ref) for ref in refs) else len(refs)
     try:
         with open(temporary, "w") as handle, \
-                concurrent.futures.ThreadPoolExecutor(read_threads) as pool, \
-                tqdm(total=len(refs), unit="ref", desc="predicting",
+                tqdm(total=total, unit="img", desc="predicting",
                      disable=not show_progress) as progress:
             batch = []
-            for inputs in pool.map(read, refs):  # read-ahead overlaps file I/O with the model
-                progress.update(1)
-                batch.extend(inputs)
-                while len(batch) >= batch_size:
-                    write_rows(classifier.predict(batch[:batch_size]), handle, log_writer)
-                    batch = batch[batch_size:]
-            write_rows(classifier.predict(batch), handle, log_writer)
+            for item in read_inputs(refs, read_threads, read_ahead, max_file_bytes):
+                batch.append(item)
+                if len(batch) >= batch_size:
+                    progress.update(write_rows(classifier.predict(batch), handle, log_writer))
+                    batch = []
+            progress.update(write_rows(classifier.predict(batch), handle, log_writer))
     finally:
         if log_writer is not None:
             log_writer.close()
@@ -308,32 +409,36 @@ def score(classifier, refs, output, batch_size=32, prediction_log=None, show_pro
 
 
 def summarize_file(output, class_names=None):
-    """summarize() over a written JSONL file."""
-    rows = []
+    """summarize() over a written JSONL file, streamed (rows are not all held)."""
     with tf.io.gfile.GFile(output) as handle:
-        for line in handle:
-            if line.strip():
-                rows.append(json.loads(line))
-    return summarize(rows, class_names)
+        return summarize((json.loads(line) for line in handle if line.strip()), class_names)
 
 
 def summarize(rows, class_names=None):
     """Counts; with true labels: accuracy, per-class precision/recall, confusion matrix.
+    One pass over `rows` (any iterable), holding only counts.
 
     Rows with an error count as errors, not as wrong predictions.
     """
-    errors_count = sum(1 for row in rows if "error" in row)
-    summary = {"images": len(rows), "predicted": len(rows) - errors_count,
+    images = errors_count = 0
+    pairs = collections.Counter()  # (true label, predicted name) -> count
+    for row in rows:
+        images += 1
+        if "error" in row:
+            errors_count += 1
+        elif row.get("label") is not None:
+            pairs[(row["label"], row["class_name"])] += 1
+    summary = {"images": images, "predicted": images - errors_count,
                "errors": errors_count}
-    labelled = [row for row in rows if "error" not in row and row.get("label") is not None]
-    if not labelled:
+    if not pairs:
         return summary
-    names = sorted(class_names or {row["label"] for row in labelled} |
-                   {row["class_name"] for row in labelled})
+    labelled = sum(pairs.values())
+    names = sorted(class_names or {label for label, _ in pairs} |
+                   {name for _, name in pairs})
     index = {name: i for i, name in enumerate(names)}
     matrix = np.zeros((len(names), len(names)), dtype=np.int64)
-    for row in labelled:
-        matrix[index[row["label"]], index[row["class_name"]]] += 1
+    for (label, name), count in pairs.items():
+        matrix[index[label], index[name]] += count
     correct = int(np.trace(matrix))
     per_class = {}
     for name, i in index.items():
@@ -342,8 +447,8 @@ def summarize(rows, class_names=None):
             "precision": float(matrix[i, i] / predicted) if predicted else None,
             "recall": float(matrix[i, i] / actual) if actual else None,
             "support": actual}
-    summary.update({"labelled": len(labelled), "correct": correct,
-                    "accuracy": correct / float(len(labelled)), "classes": names,
+    summary.update({"labelled": labelled, "correct": correct,
+                    "accuracy": correct / float(labelled), "classes": names,
                     "per_class": per_class, "confusion_matrix": matrix.tolist()})
     return summary
 

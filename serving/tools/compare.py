@@ -5,6 +5,11 @@ What TFX's Evaluator and InfraValidator do inside a pipeline, done here from the
 request logs the server writes (serving/observability/request_log.py), so a deployment script can
 refuse a candidate before it takes traffic. Both models answer every request in turn
 (the order alternating), so their latencies see the same machine.
+
+A canary that can fail: a request the candidate refuses where the baseline answers is a
+disagreement (not a skipped request), both error rates are reported, and `verdict`
+refuses a candidate above --max_candidate_error_rate or below --min_agreement. Classes
+are compared and listed by name, from each model's labels.txt.
 """
 import collections
 import time
@@ -17,6 +22,7 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
 from slimserve.serving.core import tensors
+from slimserve.serving.tools import bulk_predict
 
 # Output keys read for the class decision and for the probabilities, in order of
 # preference: slimserve's predict signatures, then TF Serving's classify convention.
@@ -54,76 +60,133 @@ def _signature_name(log):
             or tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
 
 
-def _decision(outputs):
-    """(classes [B], scores [B, C] or None) from a signature's outputs."""
+def _decision(outputs, names):
+    """(class per prediction [B] as text, scores [B, C] or None) from a signature's
+    outputs: a classify signature's class strings, else the class id named through the
+    model's labels.txt (`names`; the id as text when it has none)."""
     scores = next((outputs[k] for k in SCORE_KEYS if k in outputs), None)
     classes = next((outputs[k] for k in CLASS_KEYS if k in outputs), None)
     if scores is not None and scores.ndim == 2:
         chosen = np.argmax(scores, axis=1)
         if classes is not None and classes.ndim == 2:  # classify: class names per column
-            chosen = np.array([classes[i, j] for i, j in enumerate(chosen)], dtype=object)
-        return chosen, scores
+            return [_text(classes[i, j]) for i, j in enumerate(chosen)], scores
+        return [_name(int(c), names) for c in chosen], scores
     if classes is not None:
-        return classes.reshape(len(classes), -1)[:, 0], None
+        first = classes.reshape(len(classes), -1)[:, 0]
+        return [_name(int(c), names) if np.issubdtype(first.dtype, np.integer) else _text(c)
+                for c in first], None
     raise ValueError("outputs %s have neither class ids nor scores to compare"
                      % sorted(outputs))
 
 
-def _key(value):
+def _text(value):
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _name(class_id, names):
+    return names[class_id] if 0 <= class_id < len(names) else str(class_id)
+
+
+def _refusal(error):
+    """How a refused request is listed: its status code (ServingError) or the reason."""
+    if isinstance(error, errors.ServingError):
+        return error.code.name
+    return "unreplayable: %s" % error
+
+
+def _percentiles(values, keys=(50, 99)):
+    millis = np.array(values) * 1e3
+    return {"p%d" % k: float(np.percentile(millis, k)) if values else None for k in keys}
+
+
+REFUSED = "(refused: %s)"  # the candidate's side of a flip it refused
+
+
 def compare(logs, baseline_dir, candidate_dir, session_config=None, progress=None):
-    """Replays `logs` (PredictionLog) against both models; returns the report dict."""
-    baseline = servable_lib.Servable("baseline", 0, resolve_model_dir(baseline_dir), session_config)
-    candidate = servable_lib.Servable("candidate", 0, resolve_model_dir(candidate_dir),
-                                session_config)
+    """Replays `logs` (PredictionLog) against both models; returns the report dict.
+
+    A request both answer compares their classes prediction by prediction, by class name
+    (each model's labels.txt) so that two exports numbering classes differently compare
+    right. A request the baseline answers and the candidate refuses counts as a
+    disagreement for each of its predictions (a flip to "(refused: CODE)"); one the
+    baseline refuses and the candidate answers is reported, not compared; one both refuse
+    is counted. Error rates are per replayed request."""
+    models = {}
+    try:
+        for role, directory in (("baseline", baseline_dir), ("candidate", candidate_dir)):
+            path = resolve_model_dir(directory)
+            models[role] = (servable_lib.Servable(role, 0, path, session_config),
+                            bulk_predict.read_model_labels(path))
+        return _replay(logs, models, progress)
+    finally:
+        for servable, _ in models.values():
+            servable.retire()
+
+
+def _replay(logs, models, progress):
     latencies = {"baseline": [], "candidate": []}
-    agree = total = skipped = 0
+    refusals = {"baseline": collections.Counter(), "candidate": collections.Counter()}
+    agree = total = replayed = both_refused = 0
+    candidate_only_refused = baseline_only_refused = 0
     max_dp = []
     flips = collections.Counter()
     per_class = collections.Counter()
-    try:
-        for index, log in enumerate(logs):
-            name = _signature_name(log)
-            answers = {}
-            order = (("baseline", baseline), ("candidate", candidate))
-            for role, servable in (order if index % 2 == 0 else order[::-1]):
-                try:
-                    _, signature_def = servable.signature(name)
-                    feeds = _feeds(log, signature_def)
-                    started = time.perf_counter()
-                    outputs = servable.run(signature_def, feeds, sorted(signature_def.outputs))
-                    latencies[role].append(time.perf_counter() - started)
-                    answers[role] = _decision(outputs)
-                except (errors.ServingError, ValueError):
-                    answers[role] = None
-            if progress:
-                progress()
-            if answers["baseline"] is None or answers["candidate"] is None:
-                skipped += 1
-                continue
-            (base_classes, base_scores), (cand_classes, cand_scores) = (
-                answers["baseline"], answers["candidate"])
-            for base, cand in zip(base_classes, cand_classes):
-                total += 1
-                per_class[_key(base)] += 1
-                if _key(base) == _key(cand):
-                    agree += 1
-                else:
-                    flips[(_key(base), _key(cand))] += 1
-            if base_scores is not None and cand_scores is not None and (
-                    base_scores.shape == cand_scores.shape):
-                max_dp.extend(np.max(np.abs(base_scores - cand_scores), axis=1).tolist())
-    finally:
-        baseline.retire()
-        candidate.retire()
+    order = ("baseline", "candidate")
+    for index, log in enumerate(logs):
+        replayed += 1
+        name = _signature_name(log)
+        answers = {}
+        for role in (order if index % 2 == 0 else order[::-1]):
+            servable, names = models[role]
+            try:
+                _, signature_def = servable.signature(name)
+                feeds = _feeds(log, signature_def)
+                started = time.perf_counter()
+                outputs = servable.run(signature_def, feeds, sorted(signature_def.outputs))
+                latencies[role].append(time.perf_counter() - started)
+                answers[role] = _decision(outputs, names)
+            except (errors.ServingError, ValueError) as error:
+                answers[role] = _refusal(error)
+                refusals[role][answers[role]] += 1
+        if progress:
+            progress()
+        base, cand = answers["baseline"], answers["candidate"]
+        if isinstance(base, str):
+            both_refused += isinstance(cand, str)
+            baseline_only_refused += not isinstance(cand, str)
+            continue
+        base_classes, base_scores = base
+        if isinstance(cand, str):
+            candidate_only_refused += 1
+            cand_classes, cand_scores = [REFUSED % cand] * len(base_classes), None
+        else:
+            cand_classes, cand_scores = cand
+        for base_class, cand_class in zip(base_classes, cand_classes):
+            total += 1
+            per_class[base_class] += 1
+            if base_class == cand_class:
+                agree += 1
+            else:
+                flips[(base_class, cand_class)] += 1
+        if base_scores is not None and cand_scores is not None and (
+                base_scores.shape == cand_scores.shape):
+            max_dp.extend(np.max(np.abs(base_scores - cand_scores), axis=1).tolist())
     if not total:
-        raise ValueError("none of the %d logged requests could be replayed against both "
-                         "models (%d skipped)" % (len(logs), skipped))
+        raise ValueError("none of the %d logged requests was answered by the baseline "
+                         "(%d refused by both; baseline refusals: %s)" % (
+                             replayed, both_refused, dict(refusals["baseline"])))
     report = {
-        "requests": len(logs), "skipped_requests": skipped, "predictions": total,
+        "requests": replayed,
+        "skipped_requests": both_refused + baseline_only_refused,
+        "predictions": total,
         "agreement": agree / total,
+        "baseline_error_rate": sum(refusals["baseline"].values()) / replayed,
+        "candidate_error_rate": sum(refusals["candidate"].values()) / replayed,
+        "errors_baseline": dict(refusals["baseline"]),
+        "errors_candidate": dict(refusals["candidate"]),
+        "refused_by_candidate_only": candidate_only_refused,
+        "refused_by_baseline_only": baseline_only_refused,
+        "refused_by_both": both_refused,
         "flips": [{"baseline": b, "candidate": c, "count": n}
                   for (b, c), n in flips.most_common()],
         "flip_rate_by_baseline_class": {
@@ -137,18 +200,40 @@ def compare(logs, baseline_dir, candidate_dir, session_config=None, progress=Non
                                 "p99": float(np.percentile(values, 99)),
                                 "max": float(values.max())}
     for role, values in latencies.items():
-        millis = np.array(values) * 1e3
-        report["latency_ms_" + role] = {"p50": float(np.percentile(millis, 50)),
-                                        "p99": float(np.percentile(millis, 99))}
+        report["latency_ms_" + role] = _percentiles(values)
     return report
 
 
-def format_report(report, min_agreement=None):
+def verdict(report, min_agreement=None, max_candidate_error_rate=0.0):
+    """[reasons to refuse the candidate]; empty when it passes both gates."""
+    reasons = []
+    if report["candidate_error_rate"] > max_candidate_error_rate:
+        reasons.append("candidate error rate %.4f > --max_candidate_error_rate %.4f (%s)" % (
+            report["candidate_error_rate"], max_candidate_error_rate,
+            ", ".join("%s: %d" % item for item in sorted(report["errors_candidate"].items()))))
+    if min_agreement is not None and report["agreement"] < min_agreement:
+        reasons.append("agreement %.4f < --min_agreement %.4f"
+                       % (report["agreement"], min_agreement))
+    return reasons
+
+
+def format_report(report, min_agreement=None, max_candidate_error_rate=None):
     """A short human-readable table of the report."""
-    lines = ["requests replayed: %d (%d skipped), predictions compared: %d" % (
+    lines = ["requests replayed: %d (%d not compared), predictions compared: %d" % (
         report["requests"], report["skipped_requests"], report["predictions"]),
              "class agreement: %.4f%s" % (report["agreement"], "" if min_agreement is None
                                           else " (required >= %.4f)" % min_agreement)]
+    for role in ("baseline", "candidate"):
+        counts = report["errors_" + role]
+        lines.append("%s error rate: %.4f%s%s" % (
+            role, report[role + "_error_rate"],
+            " (allowed <= %.4f)" % max_candidate_error_rate
+            if role == "candidate" and max_candidate_error_rate is not None else "",
+            " [%s]" % ", ".join("%s: %d" % item for item in sorted(counts.items()))
+            if counts else ""))
+    if report["refused_by_baseline_only"]:
+        lines.append("answered by the candidate only (not compared): %d"
+                     % report["refused_by_baseline_only"])
     if "max_abs_dp" in report:
         dp = report["max_abs_dp"]
         lines.append("max |dp| per prediction: p50 %.3g  p90 %.3g  p99 %.3g  max %.3g" % (
@@ -156,7 +241,10 @@ def format_report(report, min_agreement=None):
     lines.append("latency ms   p50      p99")
     for role in ("baseline", "candidate"):
         latency = report["latency_ms_" + role]
-        lines.append("%-10s %7.2f  %7.2f" % (role, latency["p50"], latency["p99"]))
+        if latency["p50"] is None:
+            lines.append("%-10s %7s  %7s" % (role, "-", "-"))
+        else:
+            lines.append("%-10s %7.2f  %7.2f" % (role, latency["p50"], latency["p99"]))
     if report["flips"]:
         lines.append("flips (baseline -> candidate: count)")
         lines += ["  %s -> %s: %d" % (f["baseline"], f["candidate"], f["count"])

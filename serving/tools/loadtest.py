@@ -2,23 +2,51 @@
 answer, send the next. Reports latency percentiles, throughput and errors.
 
 The library half of `slimserve-loadtest` (slimserve/cli/loadtest.py); benchmarks call
-`run_level` directly. Bounded by a request count and a deadline per level.
+`run_level` directly. Bounded by a request count and a deadline per level. The images go
+to the signature's one string input, whose name `image_input_key` reads from the server
+(GetModelMetadata), not a literal: any image model TF Serving serves can be loaded.
 """
 import concurrent.futures
+import logging
 import os
 import threading
 import time
 
 import numpy as np
+from tensorflow.core.framework import types_pb2
 
 from slimserve import conventions
+from slimserve import regular_files
+
+MAX_IMAGES = 256
+MAX_IMAGE_BYTES = 64 * 1024 * 1024
+
+
+def image_input_key(client, signature_name="serving_default"):
+    """The name of the one string input of `signature_name`, from the server's
+    GetModelMetadata; ValueError naming the signature when it has none or several."""
+    signatures = client.metadata()
+    if signature_name not in signatures:
+        raise ValueError("--signature_name %s: model %s has no such signature (has %s)" % (
+            signature_name, client.model_name, ", ".join(sorted(signatures))))
+    inputs = signatures[signature_name].inputs
+    strings = sorted(key for key, info in inputs.items() if info.dtype == types_pb2.DT_STRING)
+    if len(inputs) != 1 or len(strings) != 1:
+        raise ValueError("--signature_name %s of model %s takes %s; the load test sends "
+                         "encoded images to a signature with one string input" % (
+                             signature_name, client.model_name, ", ".join(
+                                 "%s (%s)" % (key, types_pb2.DataType.Name(info.dtype))
+                                 for key, info in sorted(inputs.items()))))
+    return strings[0]
 
 
 def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_size=1,
-              signature_name="serving_default", progress=None, first_index=0):
+              signature_name="serving_default", progress=None, first_index=0,
+              input_key=conventions.IMAGE_BYTES):
     """One closed-loop run; returns a dict of latency percentiles (ms), rates, errors and
     the raw latencies (`latencies_ms`, for callers that pool several runs).
-    Request i sends images[(first_index + i) * batch_size ...]."""
+    Request i sends images[(first_index + i) * batch_size ...] as `input_key`
+    (image_input_key finds a served signature's)."""
     counter = iter(range(first_index, first_index + requests))
     lock = threading.Lock()
     latencies, errors = [], {}
@@ -33,7 +61,7 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
             batch = [images[(index * batch_size + i) % len(images)] for i in range(batch_size)]
             started = time.perf_counter()
             try:
-                client.predict({"image_bytes": batch}, signature_name)
+                client.predict({input_key: batch}, signature_name)
                 elapsed = time.perf_counter() - started
                 with lock:
                     latencies.append(elapsed)
@@ -59,14 +87,20 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
     }
 
 
-def load_images(path):
+def load_images(path, limit=MAX_IMAGES, max_bytes=MAX_IMAGE_BYTES):
+    """The bytes of an image file, or of the first `limit` images of a folder (by
+    suffix); files that are not regular or are over `max_bytes` are skipped (logged)."""
     files = [path] if os.path.isfile(path) else [
         os.path.join(root, name) for root, _, names in os.walk(path) for name in sorted(names)
         if name.lower().endswith(conventions.SERVABLE_IMAGE_SUFFIXES)]
-    if not files:
-        raise ValueError("%s holds no JPEG/PNG/GIF/BMP file" % path)
     images = []
-    for name in sorted(files)[:256]:
-        with open(name, "rb") as handle:
-            images.append(handle.read())
+    for name in sorted(files):
+        try:
+            images.append(regular_files.read_regular(name, max_bytes))
+        except regular_files.NotReadable as reason:
+            logging.warning("skipping %s: %s", name, reason)
+        if len(images) >= limit:
+            break
+    if not images:
+        raise ValueError("%s holds no readable JPEG/PNG/GIF/BMP file" % path)
     return images

@@ -35,6 +35,10 @@ flags.DEFINE_integer("max_file_bytes", image_files.DEFAULT_MAX_FILE_BYTES,
                      "Skip input files larger than this many bytes (0: no limit); guards "
                      "against huge or hostile inputs.", lower_bound=0)
 flags.DEFINE_bool("overwrite", False, "Replace an existing finished data set in --output_dir.")
+flags.DEFINE_bool("force_unlock", False,
+                  "Take over --output_dir's .convert.lock held by a conversion on another host "
+                  "(this host cannot tell whether it still runs; a stale lock of this host is "
+                  "taken over without it). Only once that conversion is gone.")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
 flags.DEFINE_enum("runner", None, beam.RUNNERS,
                   "Run the conversion as an Apache Beam pipeline on this runner (needs the "
@@ -56,13 +60,15 @@ def main(argv):
                 FLAGS.input, FLAGS.output_dir, options,
                 FLAGS.validation_fraction, FLAGS.validation_input, FLAGS.train_shards,
                 FLAGS.validation_shards, FLAGS.seed, FLAGS.jpeg_quality, FLAGS.overwrite,
-                FLAGS.max_shorter_side, max_file_bytes=FLAGS.max_file_bytes)
+                FLAGS.max_shorter_side, max_file_bytes=FLAGS.max_file_bytes,
+                force_unlock=FLAGS.force_unlock)
         else:
             info = dataset.build_dataset(
                 FLAGS.input, FLAGS.output_dir, FLAGS.validation_fraction,
                 FLAGS.validation_input, FLAGS.train_shards, FLAGS.validation_shards,
                 FLAGS.seed, FLAGS.num_workers, FLAGS.jpeg_quality, FLAGS.overwrite,
-                FLAGS.progress, FLAGS.max_shorter_side, max_file_bytes=FLAGS.max_file_bytes)
+                FLAGS.progress, FLAGS.max_shorter_side, max_file_bytes=FLAGS.max_file_bytes,
+                force_unlock=FLAGS.force_unlock)
     except (dataset.DatasetError, ValueError) as error:
         sys.exit("slimserve-convert: %s" % error)
     for line in dataset.format_summary(info, FLAGS.output_dir):

@@ -8,6 +8,7 @@ Bounded by --requests and --max_seconds per level; it stops by itself.
 import json
 import sys
 
+import grpc
 from absl import flags
 
 from slimserve.serving.tools import client as client_lib
@@ -19,7 +20,9 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_string("server", "localhost:8500", "host:port of the gRPC API.")
 flags.DEFINE_string("model_name", "resnet", "Model name.")
-flags.DEFINE_string("signature_name", "serving_default", "Signature taking image_bytes.")
+flags.DEFINE_string("signature_name", "serving_default",
+                    "Signature with one string input (encoded images); its input name is "
+                    "read from the server's GetModelMetadata.")
 flags.DEFINE_string("images", None, "An image file or a folder of them (up to 256 used).")
 flags.DEFINE_list("concurrency", ["1", "8", "32"], "Concurrency levels, run in turn.")
 flags.DEFINE_integer("requests", 400, "Requests per level.")
@@ -37,6 +40,13 @@ def main(argv):
     except ValueError as error:
         sys.exit("slimserve-loadtest: --images: %s" % error)
     client = client_lib.Client(FLAGS.server, FLAGS.model_name, timeout=FLAGS.timeout, retries=0)
+    try:
+        input_key = loadtest.image_input_key(client, FLAGS.signature_name)
+    except ValueError as error:
+        sys.exit("slimserve-loadtest: %s" % error)
+    except grpc.RpcError as error:
+        sys.exit("slimserve-loadtest: GetModelMetadata of model %s at %s failed: %s: %s" % (
+            FLAGS.model_name, FLAGS.server, error.code().name, error.details()))
     rows = []
     for level in (int(c) for c in FLAGS.concurrency):
         done = [0]
@@ -48,7 +58,8 @@ def main(argv):
                       file=sys.stderr, flush=True)
 
         result = loadtest.run_level(client, images, level, FLAGS.requests, FLAGS.max_seconds,
-                           FLAGS.batch_size, FLAGS.signature_name, progress)
+                                    FLAGS.batch_size, FLAGS.signature_name, progress,
+                                    input_key=input_key)
         del result["latencies_ms"]
         rows.append(result)
         if FLAGS.json:

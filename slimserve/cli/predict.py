@@ -31,7 +31,17 @@ flags.DEFINE_string("summary", None,
                     "confusion matrix). Default: <output>.summary.json.")
 flags.DEFINE_string("confusion_matrix", None,
                     "Write the confusion matrix as a PNG here (needs matplotlib).")
-flags.DEFINE_integer("batch_size", 32, "Images per model call (max batch on Beam).")
+flags.DEFINE_integer("batch_size", 32, "Images per model call (max batch on Beam).",
+                     lower_bound=1)
+flags.DEFINE_integer("read_ahead", bulk_predict.DEFAULT_READ_AHEAD,
+                     "Files read ahead of the model at most (local runs): memory stays "
+                     "about read_ahead x --max_file_bytes at worst, however long --input "
+                     "is.", lower_bound=1)
+flags.DEFINE_integer("read_threads", 4, "Threads reading files ahead (local runs).",
+                     lower_bound=1)
+flags.DEFINE_integer("max_file_bytes", bulk_predict.DEFAULT_MAX_FILE_BYTES,
+                     "Larger input files get an error row instead of being read (0: no "
+                     "limit). Named pipes, devices and folders always do.", lower_bound=0)
 flags.DEFINE_integer("top_k", 5, "Probabilities kept per image.")
 flags.DEFINE_string("signature_name", "serving_default",
                     "Signature with one input of encoded images.")
@@ -47,21 +57,24 @@ flags.mark_flags_as_required(["model_base_path", "input", "output"])
 
 def main(argv):
     del argv
+    summary_path = FLAGS.summary or FLAGS.output + ".summary.json"
     try:
+        bulk_predict.check_output(summary_path, "--summary")
+        bulk_predict.check_output(FLAGS.confusion_matrix, "--confusion_matrix")
         options = beam.options_from_flags(FLAGS.runner, FLAGS.beam_options)
         if options:
             summary = beam_inference.predict_beam(
                 FLAGS.model_base_path, FLAGS.input, FLAGS.output, options,
                 FLAGS.model_version, FLAGS.batch_size, FLAGS.top_k, FLAGS.prediction_log,
-                FLAGS.signature_name)
+                FLAGS.signature_name, max_file_bytes=FLAGS.max_file_bytes)
         else:
             summary = bulk_predict.predict_local(
                 FLAGS.model_base_path, FLAGS.input, FLAGS.output, FLAGS.model_version,
                 FLAGS.batch_size, FLAGS.top_k, FLAGS.prediction_log, FLAGS.progress,
-                signature_name=FLAGS.signature_name)
-        bulk_predict.write_summary(summary, FLAGS.summary or FLAGS.output + ".summary.json",
-                                   FLAGS.confusion_matrix)
-    except (bulk_predict.BulkPredictError, ValueError) as error:
+                FLAGS.read_threads, FLAGS.signature_name, FLAGS.read_ahead,
+                FLAGS.max_file_bytes)
+        bulk_predict.write_summary(summary, summary_path, FLAGS.confusion_matrix)
+    except (bulk_predict.BulkPredictError, ValueError, OSError) as error:
         sys.exit("slimserve-predict: %s" % error)
     brief = {k: summary[k] for k in ("images", "predicted", "errors", "accuracy")
              if k in summary}

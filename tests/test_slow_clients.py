@@ -1,0 +1,158 @@
+"""REST under slow clients, over real sockets against a real slimserve-server under a
+memory cap: trickling connections (slowloris) never lock valid clients out, and every
+request being received has a header deadline and a minimum data rate."""
+import http.client
+import json
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests import tiny_models
+from tests.helpers import start_server_process, wait_until
+
+TRICKLERS = 262  # past the default --rest_connection_limit=256, as the attack that found it
+HEADER_TIMEOUT = 12  # longer than the valid clients' 5 s timeouts: only shedding lets them in
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("slow_clients") / "tiny")
+    tiny_models.write_tiny_model(base)
+    return base
+
+
+def _get(port, path="/v1/models/tiny", timeout=5):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def _answer(sock):
+    """What the server sent before closing, b"" if nothing; None while still open."""
+    sock.setblocking(False)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except BlockingIOError:
+        return None
+    except OSError:
+        return data
+
+
+class _Trickle:
+    """One thread sending the next byte of `data` on every socket every `interval` s."""
+
+    def __init__(self, sockets, data, interval):
+        self.sockets, self.data, self.interval = sockets, data, interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        index = 0
+        while not self.stopped.is_set() and index < len(self.data):
+            for sock in self.sockets:
+                try:
+                    sock.send(self.data[index:index + 1])
+                except OSError:
+                    pass
+            index += 1
+            self.stopped.wait(self.interval)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(10)
+
+
+def test_trickling_clients_never_lock_out_rest(tiny_base):
+    """262 connections sending a byte every 5 s left 0 of 3 valid GETs answered in 15 s:
+    at the limit the slowest partial requests now make room (408, naming the flag), the
+    rest miss the header deadline, a body trickled below the minimum rate is dropped, and
+    an upload that is slow but above the minimum rate is answered."""
+    process, _, rest_port = start_server_process(
+        ["--model_name=tiny", "--model_base_path=%s" % tiny_base,
+         "--file_system_poll_wait_seconds=0",
+         "--rest_header_timeout_seconds=%d" % HEADER_TIMEOUT],
+        prefix=["prlimit", "--as=%d" % (4 * 1024 ** 3)], stderr=subprocess.DEVNULL)
+    sockets, trickles = [], []
+    try:
+        for _ in range(TRICKLERS):
+            sock = socket.socket()
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", rest_port))  # past the limit: the kernel's backlog
+            sockets.append(sock)
+        trickles.append(_Trickle(sockets, b"GET /v1/models/tiny HTTP/1.1\r\nHost: x\r\n", 5))
+        body = json.dumps({"instances": [[1.0, 2.0]]}).encode()
+        slow_body = socket.create_connection(("127.0.0.1", rest_port), timeout=10)
+        slow_body.sendall(b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body))
+        trickles.append(_Trickle([slow_body], body, 1))
+        padded = json.dumps({"instances": [[1.0, 2.0]]}).encode() + b" " * 30000
+        uploader = socket.create_connection(("127.0.0.1", rest_port), timeout=60)
+        uploader.sendall(b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(padded))
+        upload = threading.Thread(target=lambda: [  # ~2.7 KB/s for ~11 s
+            (uploader.sendall(padded[i:i + 1500]), time.sleep(0.5))
+            for i in range(0, len(padded), 1500)], daemon=True)
+        upload.start()
+        time.sleep(1)  # every trickler has sent its first byte
+
+        for _ in range(3):
+            status, answer = _get(rest_port)
+            assert status == 200 and answer["model_version_status"][0]["state"] == "AVAILABLE"
+        trickles[0].stop()  # (a byte sent after the server's close would reset its 408)
+
+        answers = {}
+
+        def all_closed():
+            for index, sock in enumerate(sockets):
+                if index not in answers:
+                    answer = _answer(sock)
+                    if answer is not None:
+                        answers[index] = answer
+            return len(answers) == len(sockets)
+
+        wait_until(all_closed, timeout=HEADER_TIMEOUT + 20, interval=0.5,
+                   message="the server to drop every trickling connection")
+        shed = [a for a in answers.values() if b"--rest_connection_limit=256" in a]
+        late = [a for a in answers.values()
+                if b"--rest_header_timeout_seconds=%d" % HEADER_TIMEOUT in a]
+        assert all(a.startswith(b"HTTP/1.1 408 Request Timeout\r\n") for a in answers.values())
+        assert shed and len(shed) + len(late) == TRICKLERS, (len(shed), len(late))
+
+        dropped = wait_until(lambda: _answer(slow_body), timeout=30, interval=0.5,
+                             message="the body trickler to be dropped")
+        assert dropped.startswith(b"HTTP/1.1 408") and \
+            b"--rest_min_request_bytes_per_second=1024" in dropped, dropped
+
+        upload.join(30)
+        uploader.settimeout(30)
+        response = http.client.HTTPResponse(uploader)
+        response.begin()
+        assert response.status == 200
+        assert json.loads(response.read()) == {"predictions": [{"y": [5.5],
+                                                                 "doubled": [2.0, 4.0]}]}
+        assert _get(rest_port)[0] == 200
+        assert process.poll() is None, "server died"
+    finally:
+        for trickle in trickles:
+            trickle.stop()
+        for sock in sockets:
+            sock.close()
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
