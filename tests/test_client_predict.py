@@ -156,14 +156,14 @@ def test_json_rows_and_the_signature_flag(server, files):
                       "--signature_name=pixels", files[0], check=False)
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.strip().splitlines()[-1] == (
-        "slimserve-client: signature pixels takes pixels (DT_FLOAT); slimserve-client predict "
-        "sends encoded image files, so pick a signature with one string input (e.g. "
+        "slimserve-client: --signature_name pixels of model colours takes pixels (DT_FLOAT); "
+        "encoded image files need a signature with one string input (e.g. "
         "--signature_name=serving_default)")
     missing = run_cli("slimserve.cli.client", "predict", target, "--model_name=colours",
                       "--signature_name=nope", files[0], check=False)
     assert missing.stderr.strip().splitlines()[-1] == (
-        "slimserve-client: model colours has no signature 'nope' (it has bgr, classify, "
-        "pixels, serving_default)")
+        "slimserve-client: --signature_name nope: model colours has no such signature (it has "
+        "bgr, classify, pixels, serving_default)")
 
 
 def test_a_refused_batch_is_split_until_the_bad_image_is_alone(server, files):

@@ -58,7 +58,7 @@ def test_loadtest_sends_to_the_input_the_signature_names(tmp_path):
                         check=False)
         assert wrong.returncode == 1 and wrong.stderr.strip().splitlines()[-1] == (
             "slimserve-loadtest: --signature_name nope: model strings has no such signature "
-            "(has serving_default)")
+            "(it has serving_default)")
     finally:
         process.terminate()
         process.wait(timeout=60)

@@ -143,26 +143,34 @@ class Client:
         return [(s.version, states.Name(s.state), s.status.error_message)
                 for s in response.model_version_status]
 
-    def image_signature(self, signature_name=conventions.DEFAULT_SIGNATURE):
-        """The input key of a signature that takes encoded images (one string input) and
-        answers `probabilities`; ValueError saying what the model has otherwise."""
+    def image_input_key(self, signature_name=conventions.DEFAULT_SIGNATURE):
+        """(input key, SignatureDef) of a served signature that takes encoded images: one
+        string input, its name read from GetModelMetadata; ValueError saying what the model
+        has otherwise."""
         signatures = self.metadata()
         if signature_name not in signatures:
-            raise ValueError("model %s has no signature %r (it has %s)" % (
-                self.model_name, signature_name, ", ".join(sorted(signatures))))
+            raise ValueError("--signature_name %s: model %s has no such signature (it has %s)"
+                             % (signature_name, self.model_name, ", ".join(sorted(signatures))))
         signature = signatures[signature_name]
         inputs = {key: types_pb2.DataType.Name(info.dtype)
                   for key, info in signature.inputs.items()}
         if len(inputs) != 1 or list(inputs.values()) != ["DT_STRING"]:
             raise ValueError(
-                "signature %s takes %s; slimserve-client predict sends encoded image files, "
-                "so pick a signature with one string input (e.g. --signature_name=%s)" % (
-                    signature_name, ", ".join("%s (%s)" % kv for kv in sorted(inputs.items())),
+                "--signature_name %s of model %s takes %s; encoded image files need a "
+                "signature with one string input (e.g. --signature_name=%s)" % (
+                    signature_name, self.model_name,
+                    ", ".join("%s (%s)" % kv for kv in sorted(inputs.items())),
                     conventions.DEFAULT_SIGNATURE))
+        return next(iter(inputs)), signature
+
+    def image_signature(self, signature_name=conventions.DEFAULT_SIGNATURE):
+        """The input key of a signature that takes encoded images and answers
+        `probabilities` (what predict prints); ValueError otherwise."""
+        key, signature = self.image_input_key(signature_name)
         if conventions.PROBABILITIES not in signature.outputs:
             raise ValueError("signature %s has no %r output (it has %s)" % (
                 signature_name, conventions.PROBABILITIES, ", ".join(sorted(signature.outputs))))
-        return next(iter(inputs))
+        return key
 
     def class_names(self, image, count):
         """Every class name in id order, learned once from the model's classify signature

@@ -3,7 +3,7 @@ answer, send the next. Reports latency percentiles, throughput and errors.
 
 The library half of `slimserve-loadtest` (slimserve/cli/loadtest.py); benchmarks call
 `run_level` directly. Bounded by a request count and a deadline per level. The images go
-to the signature's one string input, whose name `image_input_key` reads from the server
+to the signature's one string input, whose name `Client.image_input_key` reads from the server
 (GetModelMetadata), not a literal: any image model TF Serving serves can be loaded.
 """
 import concurrent.futures
@@ -13,7 +13,6 @@ import threading
 import time
 
 import numpy as np
-from tensorflow.core.framework import types_pb2
 
 from slimserve import conventions
 from slimserve import regular_files
@@ -22,31 +21,13 @@ MAX_IMAGES = 256
 MAX_IMAGE_BYTES = 64 * 1024 * 1024
 
 
-def image_input_key(client, signature_name="serving_default"):
-    """The name of the one string input of `signature_name`, from the server's
-    GetModelMetadata; ValueError naming the signature when it has none or several."""
-    signatures = client.metadata()
-    if signature_name not in signatures:
-        raise ValueError("--signature_name %s: model %s has no such signature (has %s)" % (
-            signature_name, client.model_name, ", ".join(sorted(signatures))))
-    inputs = signatures[signature_name].inputs
-    strings = sorted(key for key, info in inputs.items() if info.dtype == types_pb2.DT_STRING)
-    if len(inputs) != 1 or len(strings) != 1:
-        raise ValueError("--signature_name %s of model %s takes %s; the load test sends "
-                         "encoded images to a signature with one string input" % (
-                             signature_name, client.model_name, ", ".join(
-                                 "%s (%s)" % (key, types_pb2.DataType.Name(info.dtype))
-                                 for key, info in sorted(inputs.items()))))
-    return strings[0]
-
-
 def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_size=1,
               signature_name="serving_default", progress=None, first_index=0,
               input_key=conventions.IMAGE_BYTES):
     """One closed-loop run; returns a dict of latency percentiles (ms), rates, errors and
     the raw latencies (`latencies_ms`, for callers that pool several runs).
     Request i sends images[(first_index + i) * batch_size ...] as `input_key`
-    (image_input_key finds a served signature's)."""
+    (Client.image_input_key finds a served signature's)."""
     counter = iter(range(first_index, first_index + requests))
     lock = threading.Lock()
     latencies, errors = [], {}

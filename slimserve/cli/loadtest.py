@@ -41,7 +41,7 @@ def main(argv):
         sys.exit("slimserve-loadtest: --images: %s" % error)
     client = client_lib.Client(FLAGS.server, FLAGS.model_name, timeout=FLAGS.timeout, retries=0)
     try:
-        input_key = loadtest.image_input_key(client, FLAGS.signature_name)
+        input_key, _ = client.image_input_key(FLAGS.signature_name)
     except ValueError as error:
         sys.exit("slimserve-loadtest: %s" % error)
     except grpc.RpcError as error:
