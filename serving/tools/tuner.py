@@ -80,15 +80,22 @@ def setting_of(row):
     return Setting(row["precision"], row["xla"], batching, tuple(row["extra_flags"]))
 
 
+class Stopping(RuntimeError):
+    """The tuner is being interrupted: no more requests."""
+
+
 class _Client(client_lib.Client):
     """Sends the load generator's inputs under the signature's own input key (the load
-    generator names its one input `image_bytes`; a classify signature calls it `inputs`)."""
+    generator names its one input `image_bytes`; a classify signature calls it `inputs`);
+    once the tuner is interrupted, fails every call without sending it."""
 
     def __init__(self, target, model_name, input_key):
         super().__init__(target, model_name, retries=0)
         self.input_key = input_key
 
     def predict(self, inputs, signature_name=conventions.DEFAULT_SIGNATURE, output_filter=()):
+        if tuner_process.STOPPING.is_set():
+            raise Stopping("interrupted")
         (values,) = inputs.values()
         return super().predict({self.input_key: values}, signature_name, output_filter)
 
@@ -105,12 +112,15 @@ def predict_classes(client, inputs, signature_name, concurrency):
             classes, scores = compare._decision(outputs)  # pylint: disable=protected-access
             return (compare._key(classes[0]),  # pylint: disable=protected-access
                     None if scores is None else np.asarray(scores[0], np.float64))
-        except (grpc.RpcError, ValueError) as error:
+        except (grpc.RpcError, ValueError, Stopping) as error:
             failures.append(error.details() if isinstance(error, grpc.RpcError) else str(error))
             return None
 
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(concurrency)
+    try:
         answers = list(pool.map(one, inputs))
+    finally:  # interrupted: drop the queued requests rather than send them
+        pool.shutdown(wait=True, cancel_futures=True)
     return answers, (failures[0] if failures else "")
 
 

@@ -40,6 +40,9 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 _LIVE = set()
 _LIVE_LOCK = threading.RLock()  # re-entrant: a signal handler runs in the main thread
+# Set by signal_all: the tuner's clients then fail every call at once, so a load level
+# with thousands of requests left unwinds in moments instead of trying each of them.
+STOPPING = threading.Event()
 
 
 def live_pids():
@@ -50,6 +53,7 @@ def live_pids():
 
 def signal_all(signum=signal.SIGTERM):
     """Sends `signum` to every live child without waiting: safe in a signal handler."""
+    STOPPING.set()
     with _LIVE_LOCK:
         children = list(_LIVE)
     for child in children:
