@@ -309,3 +309,14 @@ def test_settings_spell_their_flags_for_both_servers():
         "--model_name=m", "--enable_batching=true"]
     with pytest.raises(ValueError, match="precision must be one of"):
         tuner_lib.Setting("fp16")
+
+
+def test_a_setting_whose_server_cannot_start_is_a_failed_row(export_dir, digits_dir, tmp_path):
+    tuner = tuner_lib.Tuner(os.path.dirname(export_dir), "resnet",
+                            tuner_inputs.Sources(images=os.path.join(digits_dir, "3")),
+                            guard=False, scratch_dir=str(tmp_path))
+    row = tuner.measure(tuner_lib.Setting(extra_flags=("--no_such_server_flag=1",)))
+    assert "did not start" in row["failure"] and row["errors"] == 1
+    assert "Unknown command line flag 'no_such_server_flag'" in row["failure"]
+    assert tuner_lib.choose([row], 1e9) is None
+    assert "failed: slimserve-server did not start" in tuner_lib.table([row], 1e9, 0.995)

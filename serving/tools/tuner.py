@@ -100,10 +100,15 @@ class _Client(client_lib.Client):
         return super().predict({self.input_key: values}, signature_name, output_filter)
 
 
+class Answers(list):
+    """Per comparison input (class key, scores or None), or None where the request
+    failed; `failure` is the first failure's text."""
+    failure = ""
+
+
 def predict_classes(client, inputs, signature_name, concurrency):
     """One batch-1 request per input, `concurrency` in flight (so a batching server forms
-    its batches as it would under load) -> per input (class key, scores or None), or None
-    where the request failed; and the first failure's text."""
+    its batches as it would under load) -> Answers."""
     failures = []
 
     def one(value):
@@ -118,10 +123,11 @@ def predict_classes(client, inputs, signature_name, concurrency):
 
     pool = concurrent.futures.ThreadPoolExecutor(concurrency)
     try:
-        answers = list(pool.map(one, inputs))
+        answers = Answers(pool.map(one, inputs))
     finally:  # interrupted: drop the queued requests rather than send them
         pool.shutdown(wait=True, cancel_futures=True)
-    return answers, (failures[0] if failures else "")
+    answers.failure = failures[0] if failures else ""
+    return answers
 
 
 def agreement(baseline, answers):
@@ -145,9 +151,9 @@ def agreement(baseline, answers):
 class Tuner:
     """Serves and measures settings of one model; keeps the baseline's answers."""
 
-    def __init__(self, model_base_path, model_name, sources, signature_name=conventions.DEFAULT_SIGNATURE,
-                 concurrency=16, requests=300, max_seconds=60.0, common_flags=(),
-                 guard=True, scratch_dir=None):
+    def __init__(self, model_base_path, model_name, sources,
+                 signature_name=conventions.DEFAULT_SIGNATURE, concurrency=16, requests=300,
+                 max_seconds=60.0, common_flags=(), guard=True, scratch_dir=None):
         self.model_base_path, self.model_name = model_base_path, model_name
         self.sources, self.signature_name, self.guard = sources, signature_name, guard
         self.concurrency, self.requests, self.max_seconds = concurrency, requests, max_seconds
@@ -166,9 +172,48 @@ class Tuner:
             self.signature_name, kind, self.input_key)
 
     def measure(self, setting):
-        """Serves `setting`, compares its answers, loads it; returns the result row."""
+        """Serves `setting`, compares its answers, loads it; returns the result row. A
+        setting whose server fails (does not start, dies, stops answering its metrics) is
+        a row with `failure` set, never chosen; only the baseline's failure is fatal."""
         if self.input_key is None:
             self.prepare()
+        if self.guard and self.baseline_answers is None and setting != BASELINE:
+            raise RuntimeError("the baseline (%s) must be measured first: it is what every "
+                               "setting is compared with" % BASELINE.label())
+        row = {"precision": setting.precision, "xla": setting.xla,
+               "batching": setting.batching is not None,
+               "extra_flags": list(setting.extra_flags), "label": setting.label(),
+               "agreement": None, "compared": 0, "max_abs_dp": None, "baseline": False,
+               "failure": ""}
+        row.update({k: getattr(setting.batching, k) if setting.batching else None
+                    for k in batching_tuner.FIELDS})
+        try:
+            answers, result, batched = self._serve_and_load(setting)
+        except (RuntimeError, OSError) as error:  # URLError is an OSError
+            if setting == BASELINE:
+                raise RuntimeError("the baseline (%s) failed: %s" % (setting.label(), error)) \
+                    from None
+            row.update({"requests": 0, "errors": 1, "images_per_s": 0.0,
+                        "p50_ms": float("nan"), "p99_ms": float("nan"), "mean_batch": 0.0,
+                        "failure": str(error).splitlines()[0][:200]})
+            return row
+        row.update({
+            "requests": result["requests"], "errors": sum(result["errors"].values()),
+            "images_per_s": result["images_per_s"], "p50_ms": result["p50_ms"],
+            "p99_ms": result["p99_ms"], "mean_batch": batched})
+        if answers is not None:
+            if self.baseline_answers is None:
+                if not any(answers):
+                    raise RuntimeError("the baseline answered none of the %d comparison "
+                                       "inputs: %s" % (len(answers), answers.failure))
+                self.baseline_answers = list(answers)
+                row["baseline"] = True
+            row["agreement"], row["compared"], row["max_abs_dp"] = agreement(
+                self.baseline_answers, answers)
+        return row
+
+    def _serve_and_load(self, setting):
+        """(comparison answers or None, the load level's result, mean batch size)."""
         self._count += 1
         stem = os.path.join(self.scratch_dir, "setting-%03d" % self._count)
         batching_file = None
@@ -187,8 +232,8 @@ class Tuner:
             try:
                 answers = None
                 if self.guard:  # also warms the channel and the batches
-                    answers, failure = predict_classes(client, self.compare_inputs,
-                                                       self.signature_name, self.concurrency)
+                    answers = predict_classes(client, self.compare_inputs, self.signature_name,
+                                              self.concurrency)
                 else:
                     loadtest.run_level(client, self.load_inputs, self.concurrency,
                                        2 * self.concurrency, self.max_seconds,
@@ -202,32 +247,10 @@ class Tuner:
                 client.close()
         finally:
             server.stop()
-        batches = after[1] - before[1]
-        row = {"precision": setting.precision, "xla": setting.xla,
-               "batching": setting.batching is not None,
-               "extra_flags": list(setting.extra_flags), "label": setting.label()}
-        row.update({k: getattr(setting.batching, k) if setting.batching else None
-                    for k in batching_tuner.FIELDS})
-        row.update({
-            "requests": result["requests"], "errors": sum(result["errors"].values()),
-            "images_per_s": result["images_per_s"], "p50_ms": result["p50_ms"],
-            "p99_ms": result["p99_ms"],
-            "mean_batch": (after[0] - before[0]) / batches if batches else (
-                1.0 if setting.batching is None and result["requests"] else 0.0),
-            "agreement": None, "compared": 0, "max_abs_dp": None, "baseline": False})
-        if answers is not None:
-            if self.baseline_answers is None and setting != BASELINE:
-                raise RuntimeError("the baseline (%s) must be measured first: it is what "
-                                   "every setting is compared with" % BASELINE.label())
-            if self.baseline_answers is None:
-                if not any(answers):
-                    raise RuntimeError("the baseline answered none of the %d comparison "
-                                       "inputs: %s" % (len(answers), failure))
-                self.baseline_answers = answers
-                row["baseline"] = True
-            row["agreement"], row["compared"], row["max_abs_dp"] = agreement(
-                self.baseline_answers, answers)
-        return row
+        rows, batches = after[0] - before[0], after[1] - before[1]
+        if setting.batching is None:  # no batcher, no metric: every request ran alone
+            return answers, result, 1.0 if result["requests"] else 0.0
+        return answers, result, rows / batches if batches else 0.0
 
     def _monitoring_file(self):
         path = os.path.join(self.scratch_dir, "monitoring.config")
@@ -312,6 +335,8 @@ def choose(rows, latency_budget_ms, min_agreement=0.995):
 def verdict(row, latency_budget_ms, min_agreement, best=None):
     if row is best:
         return "**chosen**"
+    if row.get("failure"):
+        return "failed: %s" % row["failure"].replace("|", "/")
     if row.get("agreement") is not None and row["agreement"] < min_agreement:
         return "rejected: agreement < %g" % min_agreement
     if row["errors"]:

@@ -73,6 +73,16 @@ def stop_all(grace_seconds=10.0):
     return len(children)
 
 
+def _gist(text):
+    """The line of a failed server's stderr that says why: its own exit message or the
+    last error line, else the last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("slimserve-server:") or "rror" in line or "FATAL" in line:
+            return line
+    return lines[-1] if lines else "(no output)"
+
+
 class ServerProcess:
     """One `slimserve-server` child on free ports, started with `flags`; ready when
     constructed (RuntimeError with the server's last words if it does not start)."""
@@ -81,7 +91,8 @@ class ServerProcess:
         self.label = label
         command = [sys.executable, "-m", "slimserve.cli.server", "--port=-1",
                    "--rest_api_port=-1"] + list(flags)
-        self._log = open(log_path, "w+")  # a file, so a chatty server never blocks on a pipe
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # a file, so a chatty server never blocks on a pipe
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _LAUNCHER, str(os.getpid())] + command,
@@ -98,8 +109,11 @@ class ServerProcess:
             self.port, self.rest_port = server_lib.parse_ready_line(line)
         except ValueError:
             self.stop()
+            words = self.last_words()
+            logging.warning("%s: slimserve-server did not start; its stderr ends:\n%s",
+                            label, words)
             raise RuntimeError("slimserve-server did not start for %s: %s" % (
-                label, self.last_words())) from None
+                label, _gist(words))) from None
         except BaseException:
             self.stop()
             raise
@@ -108,11 +122,9 @@ class ServerProcess:
 
     def last_words(self, limit=2000):
         """The tail of the server's stderr."""
-        self._log.flush()
-        self._log.seek(0, os.SEEK_END)
-        size = self._log.tell()
-        self._log.seek(max(0, size - limit))
-        return self._log.read().strip()
+        with open(self.log_path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(self.log_path) - limit))
+            return handle.read().decode("utf-8", "replace").strip()
 
     def batch_totals(self):
         """(rows, batches) run so far, from the processed_batch_size metric."""
