@@ -391,8 +391,14 @@ def write_flagfile(path, flags, comments=()):
     os.replace(temp, path)
 
 
-def plot(rows, path, best=None, reference=None, min_agreement=None):
-    """Throughput against p99 for every setting tried (PNG); rejected settings as red x."""
+# Colours of the precision x XLA groups; red, green and orange mark rejected settings,
+# the chosen one and TF Serving's starting point.
+_GROUP_COLOURS = ("tab:blue", "tab:purple", "tab:brown", "tab:cyan", "tab:olive", "tab:pink")
+
+
+def plot(rows, path, best=None, reference=None, min_agreement=None, latency_budget_ms=None):
+    """Throughput against p99 for every setting tried (PNG); rejected settings as red x,
+    the latency budget as a dashed line."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
@@ -403,8 +409,10 @@ def plot(rows, path, best=None, reference=None, min_agreement=None):
         key = "rejected (agreement or errors)" if rejected else "%s, XLA %s" % (
             r["precision"], "on" if r["xla"] else "off")
         groups.setdefault(key, []).append(r)
+    colours = iter(_GROUP_COLOURS * 2)
     for key, members in sorted(groups.items()):
-        style = dict(c="tab:red", marker="x") if key.startswith("rejected") else {}
+        style = (dict(c="tab:red", marker="x") if key.startswith("rejected")
+                 else dict(c=next(colours)))
         axes.scatter([r["p99_ms"] for r in members], [r["images_per_s"] for r in members],
                      label=key, **style)
     for r in rows:
@@ -416,7 +424,10 @@ def plot(rows, path, best=None, reference=None, min_agreement=None):
                      marker="s", s=60, label="TF Serving's CPU starting point")
     if best is not None:
         axes.scatter([best["p99_ms"]], [best["images_per_s"]], c="tab:green", marker="*",
-                     s=200, label="chosen")
+                     s=250, edgecolors="black", label="chosen")
+    if latency_budget_ms is not None:
+        axes.axvline(latency_budget_ms, color="gray", linestyle="--", linewidth=1,
+                     label="p99 budget")
     axes.set_xlabel("p99 latency (ms)")
     axes.set_ylabel("throughput (images/s)")
     axes.legend(fontsize=8)

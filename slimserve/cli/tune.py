@@ -124,7 +124,8 @@ def main(argv):
               "no batching" % (FLAGS.signature_name, tuner.compare_source, floor))
     print(measured)
     if FLAGS.output_png and rows:
-        tuner_lib.plot(rows, FLAGS.output_png, best, reference, floor if guard else None)
+        tuner_lib.plot(rows, FLAGS.output_png, best, reference, floor if guard else None,
+                       budget)
         print("plot: %s" % FLAGS.output_png)
     if best is None:
         sys.exit("%s: no setting met p99 <= %g ms without errors%s; raise --latency_budget_ms "

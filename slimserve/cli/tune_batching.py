@@ -53,7 +53,8 @@ def main(argv):
     print(batching_tuner.table(rows))
     best = tuner_lib.choose(rows, FLAGS.latency_budget_ms)
     if FLAGS.output_png and rows:
-        tuner_lib.plot(rows, FLAGS.output_png, best, reference)
+        tuner_lib.plot(rows, FLAGS.output_png, best, reference,
+                       latency_budget_ms=FLAGS.latency_budget_ms)
         print("plot: %s" % FLAGS.output_png)
     if best is None:
         sys.exit("%s: no setting met p99 <= %g ms without errors; raise --latency_budget_ms "
