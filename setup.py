@@ -65,6 +65,7 @@ setup(
         "slimserve-client=slimserve.cli.client:run",
         "slimserve-loadtest=slimserve.cli.loadtest:run",
         "slimserve-compare=slimserve.cli.compare:run",
+        "slimserve-tune=slimserve.cli.tune:run",
         "slimserve-tune-batching=slimserve.cli.tune_batching:run",
         "slimserve-predict=slimserve.cli.predict:run",
     ]},

@@ -8,21 +8,11 @@ import os
 
 import tensorflow as tf
 
+from slimserve.cpu import cpu_supports_bf16  # noqa: F401  (one check for training and serving)
 from slimserve.estimator import compat
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DISTRIBUTIONS = ("auto", "none", "mirrored", "collective")
-
-
-def cpu_supports_bf16():
-    """True when the CPU has native bf16 math (AVX512_BF16 or AMX); None when unknown
-    (no /proc/cpuinfo). Without it oneDNN's bf16 rewrite emulates and gains nothing."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = set(handle.read().split())
-    except OSError:
-        return None
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def session_config(xla=False, precision="fp32", intra_op_threads=0, inter_op_threads=0):

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from slimserve.serving.core import batching
-from slimserve.serving.tools import batching_tuner
+from slimserve.serving.tools import tuner as tuner_lib
 from tests.helpers import ROOT
 
 
@@ -36,6 +36,6 @@ def test_choice_respects_the_latency_budget_and_errors():
                  max_enqueued_batches=1, images_per_s=rate, p99_ms=p99, errors=err,
                  p50_ms=1.0, mean_batch=1.0, requests=10)
             for b, rate, p99, err in ((1, 10.0, 5.0, 0), (2, 30.0, 50.0, 0), (4, 40.0, 9.0, 3))]
-    assert batching_tuner.choose(rows, 20.0)["max_batch_size"] == 1
-    assert batching_tuner.choose(rows, 60.0)["max_batch_size"] == 2
-    assert batching_tuner.choose(rows, 1.0) is None
+    assert tuner_lib.choose(rows, 20.0)["max_batch_size"] == 1
+    assert tuner_lib.choose(rows, 60.0)["max_batch_size"] == 2
+    assert tuner_lib.choose(rows, 1.0) is None

@@ -4,101 +4,66 @@ write the best one that meets a latency budget as TF Serving's batching file.
     slimserve-tune-batching --model_base_path=/models/resnet --images=photos/ \
         --latency_budget_ms=100 --output_config=batching.config --output_png=batching.png
 
-Bounded by --max_minutes; each setting runs in a fresh slimserve-server process.
+The batching-only mode of slimserve-tune (fp32, no XLA, no accuracy guard). Bounded by
+--max_minutes; each setting runs in a fresh slimserve-server process, stopped with the
+command (SIGTERM / SIGINT, or when the command is killed).
 """
-import os
 import sys
-import time
 
 from absl import flags
-from tqdm import tqdm
 
-from slimserve.serving.tools import batching_tuner
-from slimserve.serving.tools import loadtest
 from slimserve.cli import logs
+from slimserve.cli import tuning
+from slimserve.serving.tools import batching_tuner
+from slimserve.serving.tools import tuner as tuner_lib
+from slimserve.serving.tools import tuner_inputs
 
+TOOL = "slimserve-tune-batching"
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_base_path", None, "Folder of integer version sub-folders.")
-flags.DEFINE_string("model_name", "resnet", "Model name served during the sweep.")
+tuning.define_flags()
 flags.DEFINE_string("images", None, "An image file or a folder of them (up to 256 used).")
-flags.DEFINE_string("signature_name", "serving_default", "Signature taking image_bytes.")
-flags.DEFINE_float("latency_budget_ms", None, "Highest acceptable p99 latency (ms).",
-                   lower_bound=0.0)
-flags.DEFINE_integer("concurrency", 16, "Closed-loop clients during each measurement.",
-                     lower_bound=1)
-flags.DEFINE_integer("requests", 300, "Batch-1 requests measured per setting.", lower_bound=1)
-flags.DEFINE_float("max_seconds", 60.0, "Upper bound on one setting's measurement.",
-                   lower_bound=1.0)
-flags.DEFINE_list("max_batch_sizes", ["4", "8", "16", "32"], "max_batch_size values tried.")
-flags.DEFINE_list("batch_timeouts_micros", ["0", "1000", "5000"],
-                  "batch_timeout_micros values tried.")
-flags.DEFINE_list("num_batch_threads", [str(os.cpu_count() or 1)],
-                  "num_batch_threads values tried (default: the number of cores).")
-flags.DEFINE_list("max_enqueued_batches", ["100"], "max_enqueued_batches values tried.")
-flags.DEFINE_bool("compare_documented", True,
-                  "Also measure TF Serving's documented CPU starting point (batching/README.md) "
-                  "on the same load and report the chosen setting against it.")
-flags.DEFINE_float("max_minutes", 20.0, "Stop starting new settings after this long.",
-                   lower_bound=0.1)
-flags.DEFINE_string("output_config", "batching.config",
-                    "Where the chosen setting goes (TF Serving text format).")
-flags.DEFINE_string("output_png", "batching.png",
-                    "Plot of throughput against p99 for every setting ('' for none).")
-flags.DEFINE_bool("progress", True, "Show a progress bar.")
 flags.mark_flags_as_required(["model_base_path", "images", "latency_budget_ms"])
-
-
-def _ints(flag):
-    try:
-        return [int(v) for v in FLAGS[flag].value]
-    except ValueError:
-        raise ValueError("--%s: expected integers, got %s" % (flag, FLAGS[flag].value)) from None
 
 
 def main(argv):
     del argv
+    sources = tuner_inputs.Sources(images=FLAGS.images)
     try:
-        images = loadtest.load_images(FLAGS.images)
-        settings = list(batching_tuner.grid(_ints("max_batch_sizes"), _ints("batch_timeouts_micros"),
-                                            _ints("num_batch_threads"),
-                                            _ints("max_enqueued_batches")))
+        sources.check()
+        tuning.check_outputs("output_config", "output_png")
+        grid, reference_setting = tuning.batching_grid()
     except ValueError as error:
-        sys.exit("slimserve-tune-batching: %s" % error)
-    reference_setting = batching_tuner.documented_cpu_start(os.cpu_count() or 1)
-    if FLAGS.compare_documented:
-        settings.append(reference_setting)
-    deadline = time.monotonic() + FLAGS.max_minutes * 60
-    with tqdm(total=len(settings), disable=not FLAGS.progress, unit="setting") as bar:
-        def progress(row):
-            bar.set_postfix_str("%s: %.1f img/s p99 %.0f ms" % (
-                batching_tuner.Setting(**{k: row[k] for k in batching_tuner.FIELDS}).label(),
-                row["images_per_s"], row["p99_ms"]))
-            bar.update()
-
+        sys.exit("%s: %s" % (TOOL, error))
+    extra = [reference_setting] if reference_setting else []
+    total = tuner_lib.planned(["fp32"], [False], grid, extra, "full", baseline=False)
+    with tuner_lib.scratch(FLAGS.work_dir) as scratch:
+        tuner = tuner_lib.Tuner(FLAGS.model_base_path, FLAGS.model_name,
+                                sources,
+                                FLAGS.signature_name, FLAGS.concurrency, FLAGS.requests,
+                                FLAGS.max_seconds, guard=False, scratch_dir=scratch)
         try:
-            rows = batching_tuner.sweep(FLAGS.model_base_path, FLAGS.model_name, images,
-                                        settings, FLAGS.concurrency, FLAGS.requests,
-                                        FLAGS.max_seconds, deadline, progress)
-        except RuntimeError as error:
-            sys.exit("slimserve-tune-batching: %s" % error)
-    if len(rows) < len(settings):
-        print("--max_minutes=%g reached: %d of %d settings measured" % (
-            FLAGS.max_minutes, len(rows), len(settings)), file=sys.stderr)
-    reference = next((r for r in rows if FLAGS.compare_documented and batching_tuner.Setting(
-        **{k: r[k] for k in batching_tuner.FIELDS}) == reference_setting), None)
+            tuner.prepare()
+        except ValueError as error:
+            sys.exit("%s: %s" % (TOOL, error))
+        rows = tuning.run_sweep(TOOL, tuner, total,
+                                lambda rows: print(batching_tuner.table(rows)),
+                                precisions=["fp32"], xla_modes=[False], grid=grid,
+                                extra_batchings=extra, search="full", baseline=False)
+    reference = tuning.find_reference(rows, reference_setting)
     print(batching_tuner.table(rows))
-    best = batching_tuner.choose(rows, FLAGS.latency_budget_ms)
+    best = tuner_lib.choose(rows, FLAGS.latency_budget_ms)
     if FLAGS.output_png and rows:
-        batching_tuner.plot(rows, FLAGS.output_png, best, reference)
+        tuner_lib.plot(rows, FLAGS.output_png, best, reference,
+                       latency_budget_ms=FLAGS.latency_budget_ms)
         print("plot: %s" % FLAGS.output_png)
     if best is None:
-        sys.exit("slimserve-tune-batching: no setting met p99 <= %g ms without errors; raise "
-                 "--latency_budget_ms or try smaller batches" % FLAGS.latency_budget_ms)
+        sys.exit("%s: no setting met p99 <= %g ms without errors; raise --latency_budget_ms "
+                 "or try smaller batches" % (TOOL, FLAGS.latency_budget_ms))
     batching_tuner.write_config(FLAGS.output_config, best, rows, FLAGS.latency_budget_ms,
                                 FLAGS.concurrency, reference)
     print("chosen: %s (%.1f img/s, p99 %.1f ms) -> %s" % (
-        batching_tuner.Setting(**{k: best[k] for k in batching_tuner.FIELDS}).label(),
-        best["images_per_s"], best["p99_ms"], FLAGS.output_config))
+        tuner_lib.setting_of(best).batching.label(), best["images_per_s"], best["p99_ms"],
+        FLAGS.output_config))
     if reference is not None:
         print("TF Serving's documented CPU starting point: %.1f img/s, p99 %.1f ms (%.2fx)" % (
             reference["images_per_s"], reference["p99_ms"],

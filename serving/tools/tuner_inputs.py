@@ -1,0 +1,216 @@
+"""What the tuner sends: load inputs and comparison inputs, in the form the tuned
+signature takes.
+
+A signature the tuner can drive has one string input: encoded images (slimserve's
+`serving_default`: `image_bytes`), or serialized tf.Examples (a classify / regress
+signature, or an input named `inputs` / `examples`). The comparison inputs come from the
+validation split of a converted data set (`--data_dir`), else from request logs
+(`--logs`), else from the load images; they are read once, so every setting is compared
+on the same inputs. Everything read is bounded in count and bytes before it is held.
+"""
+import dataclasses
+import struct
+
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+
+from slimserve import conventions
+from slimserve.serving.core import errors
+from slimserve.serving.core import tensors
+from slimserve.serving.observability import request_log
+from slimserve.serving.tools import compare
+from slimserve.serving.tools import loadtest
+
+IMAGES = "encoded images"
+EXAMPLES = "serialized tf.Examples"
+_EXAMPLE_METHODS = ("tensorflow/serving/classify", "tensorflow/serving/regress")
+_EXAMPLE_KEYS = (conventions.EXAMPLES, "examples")
+_FORMATS = ((b"\xff\xd8", b"jpeg"), (b"\x89PNG", b"png"), (b"GIF8", b"gif"), (b"BM", b"bmp"))
+
+
+def signatures(model_base_path, tags=("serve",)):
+    """{name: SignatureDef} of the newest version under a base path (or of a SavedModel
+    directory), read from saved_model.pb without loading the model."""
+    path = tf.io.gfile.join(compare.resolve_model_dir(model_base_path), "saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        saved_model.ParseFromString(handle.read())  # protobuf itself caps a message at 2 GiB
+    for meta_graph in saved_model.meta_graphs:
+        if set(meta_graph.meta_info_def.tags) == set(tags):
+            return dict(meta_graph.signature_def)
+    raise ValueError("%s has no MetaGraph tagged %s" % (path, ",".join(tags)))
+
+
+def kind_for(model_base_path, signature_name):
+    """(IMAGES or EXAMPLES, input key) of `signature_name` in the model to be served."""
+    try:
+        found = signatures(model_base_path)
+    except (ValueError, OSError, tf.errors.OpError) as error:
+        raise ValueError("--model_base_path=%s: %s" % (model_base_path, getattr(
+            error, "message", None) or error)) from None
+    if signature_name not in found:
+        raise ValueError("--signature_name=%s: the model at %s has signatures %s" % (
+            signature_name, model_base_path, ", ".join(sorted(found)) or "none"))
+    return request_kind(signature_name, found[signature_name])
+
+
+def request_kind(signature_name, signature_def):
+    """(IMAGES or EXAMPLES, input key) for a signature; ValueError naming the flag when
+    the tuner cannot feed it."""
+    inputs = dict(signature_def.inputs)
+    if len(inputs) != 1 or next(iter(inputs.values())).dtype != types_pb2.DT_STRING:
+        raise ValueError(
+            "--signature_name=%s takes %s; the tuner sends one string input (encoded images, "
+            "or serialized tf.Examples to a classify/regress signature)" % (
+                signature_name, ", ".join("%s (%s)" % (k, types_pb2.DataType.Name(v.dtype))
+                                          for k, v in sorted(inputs.items())) or "no input"))
+    key = next(iter(inputs))
+    if signature_def.method_name in _EXAMPLE_METHODS or key in _EXAMPLE_KEYS:
+        return EXAMPLES, key
+    return IMAGES, key
+
+
+def image_example(encoded):
+    """A serialized tf.Example holding one encoded image under the slim keys."""
+    image_format = next((name for magic, name in _FORMATS if encoded.startswith(magic)), b"")
+    example = tf.train.Example()
+    example.features.feature[conventions.ENCODED].bytes_list.value.append(encoded)
+    if image_format:
+        example.features.feature[conventions.FORMAT].bytes_list.value.append(image_format)
+    return example.SerializeToString()
+
+
+def _encoded(example, where):
+    values = example.features.feature[conventions.ENCODED].bytes_list.value
+    if not values:
+        raise ValueError("%s: a tf.Example without %s" % (where, conventions.ENCODED))
+    return values[0]
+
+
+def _records(path, budget):
+    """TFRecord payloads of one file; the length header is checked against `budget`
+    (bytes still allowed) before a record is read."""
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        offset = 0
+        while True:
+            header = handle.read(12)  # uint64 length, uint32 masked crc of the length
+            if not header:
+                return
+            if len(header) < 12:
+                raise ValueError("%s: truncated TFRecord header at byte %d" % (path, offset))
+            (length,) = struct.unpack("<Q", header[:8])
+            if length > budget:
+                raise ValueError("%s: the record at byte %d is %d bytes, more than the %d "
+                                 "left of --max_input_mb" % (path, offset, length, budget))
+            data, footer = handle.read(length), handle.read(4)
+            if len(data) < length or len(footer) < 4:
+                raise ValueError("%s: truncated TFRecord at byte %d" % (path, offset))
+            yield offset, data
+            offset += 16 + length
+
+
+def from_data_dir(data_dir, kind, limit, max_bytes):
+    """Up to `limit` inputs from the validation split of a converted data set."""
+    files = sorted(tf.io.gfile.glob(conventions.shard_pattern(data_dir, conventions.VALIDATION)))
+    if not files:
+        raise ValueError("--data_dir=%s holds no %s-*-of-* shards (slimserve-convert writes "
+                         "them)" % (data_dir, conventions.VALIDATION))
+    rows, used = [], 0
+    for path in files:
+        for offset, record in _records(path, max_bytes - used):
+            where = "%s (record at byte %d)" % (path, offset)
+            try:
+                example = tf.train.Example.FromString(record)
+            except Exception:  # protobuf's DecodeError
+                raise ValueError("%s is not a tf.Example" % where) from None
+            value = record if kind == EXAMPLES else _encoded(example, where)
+            rows.append(value)
+            used += len(value)
+            if len(rows) >= limit:
+                return rows
+    return rows
+
+
+def from_logs(pattern, signature_name, kind, key, limit, max_bytes):
+    """Up to `limit` inputs of the logged requests made to `signature_name` (one per row of
+    a batched request), read with the server's own request-log reader."""
+    rows, used = [], 0
+    for log in request_log.iter_logs(pattern):
+        log_type = log.WhichOneof("log_type")
+        request = getattr(log, log_type).request if log_type else None
+        if request is None or (request.model_spec.signature_name
+                               or conventions.DEFAULT_SIGNATURE) != signature_name:
+            continue
+        if log_type == "predict_log":
+            if key not in request.inputs:
+                continue
+            try:
+                values = list(tensors.from_proto(key, request.inputs[key]).reshape(-1))
+            except errors.ServingError:  # a logged request the server refused: not an input
+                continue
+        elif log_type in ("classify_log", "regress_log"):
+            examples = list(request.input.example_list.examples)
+            values = ([e.SerializeToString() for e in examples] if kind == EXAMPLES else
+                      [_encoded(e, "%s (a %s)" % (pattern, log_type)) for e in examples])
+        else:
+            continue
+        for value in values:
+            if not isinstance(value, bytes):
+                continue
+            if used + len(value) > max_bytes:
+                raise ValueError("--logs=%s: the logged inputs pass --max_input_mb" % pattern)
+            rows.append(value)
+            used += len(value)
+            if len(rows) >= limit:
+                return rows
+    if not rows:
+        raise ValueError("--logs=%s holds no logged request to signature %r with input %r"
+                         % (pattern, signature_name, key))
+    return rows
+
+
+@dataclasses.dataclass
+class Sources:
+    """Where the tuner's inputs come from (flags); `read` shapes them for a signature."""
+    images: str = ""          # load inputs (and comparison inputs when nothing else)
+    data_dir: str = ""        # comparison inputs: the validation split
+    logs: str = ""            # comparison inputs: request logs (a glob)
+    compare_limit: int = 500
+    max_bytes: int = 256 << 20
+
+    def check(self):
+        """Cheap checks before any server starts."""
+        if not (self.images or self.data_dir or self.logs):
+            raise ValueError("give --images, --data_dir or --logs")
+        if self.images and not tf.io.gfile.exists(self.images):
+            raise ValueError("--images=%s does not exist" % self.images)
+        if self.data_dir and not tf.io.gfile.glob(
+                conventions.shard_pattern(self.data_dir, conventions.VALIDATION)):
+            raise ValueError("--data_dir=%s holds no %s-*-of-* shards (slimserve-convert "
+                             "writes them)" % (self.data_dir, conventions.VALIDATION))
+        if self.logs and not self.data_dir and not [
+                f for f in tf.io.gfile.glob(self.logs) if not tf.io.gfile.isdir(f)]:
+            raise ValueError("--logs=%s matches no file" % self.logs)
+
+    def read(self, signature_name, kind, key):
+        """(load inputs, comparison inputs, a phrase saying where the latter came from)."""
+        compare = source = None
+        if self.data_dir:
+            compare = from_data_dir(self.data_dir, kind, self.compare_limit, self.max_bytes)
+            source = "%d validation images of %s" % (len(compare), self.data_dir)
+        elif self.logs:
+            compare = from_logs(self.logs, signature_name, kind, key, self.compare_limit,
+                                self.max_bytes)
+            source = "%d logged inputs of %s" % (len(compare), self.logs)
+        load = None
+        if self.images:
+            load = loadtest.load_images(self.images)
+            if kind == EXAMPLES:
+                load = [image_example(image) for image in load]
+        if compare is None:
+            compare = load[:self.compare_limit]
+            source = "%d images of %s" % (len(compare), self.images)
+        if not compare:
+            raise ValueError("no input to compare predictions on (%s)" % source)
+        return load or compare, compare, source
