@@ -60,7 +60,7 @@ def _signature_name(log):
             or tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
 
 
-def _decision(outputs, names):
+def decision(outputs, names=()):
     """(class per prediction [B] as text, scores [B, C] or None) from a signature's
     outputs: a classify signature's class strings, else the class id named through the
     model's labels.txt (`names`; the id as text when it has none)."""
@@ -144,7 +144,7 @@ def _replay(logs, models, progress):
                 started = time.perf_counter()
                 outputs = servable.run(signature_def, feeds, sorted(signature_def.outputs))
                 latencies[role].append(time.perf_counter() - started)
-                answers[role] = _decision(outputs, names)
+                answers[role] = decision(outputs, names)
             except (errors.ServingError, ValueError) as error:
                 answers[role] = _refusal(error)
                 refusals[role][answers[role]] += 1

@@ -114,9 +114,8 @@ def predict_classes(client, inputs, signature_name, concurrency):
     def one(value):
         try:
             outputs = client.predict({client.input_key: [value]}, signature_name)
-            classes, scores = compare._decision(outputs)  # pylint: disable=protected-access
-            return (compare._key(classes[0]),  # pylint: disable=protected-access
-                    None if scores is None else np.asarray(scores[0], np.float64))
+            classes, scores = compare.decision(outputs)  # the canary's class decision
+            return classes[0], None if scores is None else np.asarray(scores[0], np.float64)
         except (grpc.RpcError, ValueError, Stopping) as error:
             failures.append(error.details() if isinstance(error, grpc.RpcError) else str(error))
             return None
