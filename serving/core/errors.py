@@ -8,16 +8,21 @@ import re
 
 import grpc
 
+# TF Serving's ToHTTPStatusCode (model_servers/http_server.cc); anything else is 500.
 _HTTP = {
+    grpc.StatusCode.CANCELLED: 499,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNIMPLEMENTED: 501,
     grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.INTERNAL: 500,
 }
 
 
