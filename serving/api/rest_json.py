@@ -265,6 +265,7 @@ def _array(key, item, dtype, max_elements):
         leaves = _walk(item, dims, dtype)
     if len(dims) > tensors.MAX_DIMENSIONS:
         raise tensors.parsing_error(key)
+    tensors.check_rank(key, dims)
     return _to_numpy(leaves, dims, dtype), dims
 
 

@@ -34,6 +34,7 @@ DEFAULT_MAX_REQUEST_ELEMENTS = 1 << 26
 # 512x512x3 image).
 DEFAULT_MAX_BROADCAST_ELEMENTS = 1 << 20
 MAX_DIMENSIONS = 254  # TensorShape::MaxDimensions(): deeper protos do not parse in TF
+MAX_ARRAY_RANK = 32  # numpy's (1.x) limit: what this server can feed TensorFlow
 _INT64_MAX = 2 ** 63 - 1
 
 _FIELDS = tensor_pb2.TensorProto.DESCRIPTOR.fields_by_name
@@ -132,6 +133,14 @@ def _valid_shape(dims):
     return True
 
 
+def check_rank(key, dims):
+    """Ranks TF takes (up to 254) but numpy arrays, which carry every tensor here, do not."""
+    if len(dims) > MAX_ARRAY_RANK:
+        raise errors.invalid("input %r has %d dimensions; this server takes at most %d "
+                             "(numpy's limit; TensorFlow allows %d)", key, len(dims),
+                             MAX_ARRAY_RANK, MAX_DIMENSIONS)
+
+
 def _representable(key, dims, itemsize):
     """numpy needs the product of the non-zero dimensions (times the item size) to fit its
     index type even when a 0 makes the tensor empty; TF does not. Such shapes are refused
@@ -181,6 +190,7 @@ def check_proto(key, proto, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS,
     dims = [d.size for d in proto.tensor_shape.dim]
     if not _valid_shape(dims):
         raise parsing_error(key)
+    check_rank(key, dims)
     count = element_count(key, dims, max_elements)
     if count == 0:
         _representable(key, dims, dtype.size if dtype != tf.string else 8)
