@@ -137,6 +137,19 @@ def test_dtypes_names_and_parsing_fail_with_tf_servings_statuses(stub):
         assert message in caught.value.details(), (message, caught.value.details())
 
 
+def test_tf_errors_quoting_non_utf8_request_bytes_stay_invalid_argument(stub):
+    """ParseExample quotes an input it cannot parse; when those bytes are not UTF-8,
+    TensorFlow's Python binding fails to decode its own message (UnicodeDecodeError):
+    the answer is still the op's INVALID_ARGUMENT, not UNKNOWN (found by the random-shape
+    test below)."""
+    request = _request("half_plus_two", {"inputs": tf.make_tensor_proto(
+        [b"\x94 not an example"], tf.string)}, "classify_x_to_y")
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Predict(request, timeout=60)
+    assert caught.value.code() == INVALID
+    assert "Could not parse example input" in caught.value.details()
+
+
 def test_tensorprotos_are_read_as_tf_reads_them(stub):
     """Tensor::FromProto: extra values ignored, the last one repeated, unknown_rank ignored,
     values in another field ignored (zeros), tensor_content winning over typed values."""

@@ -46,31 +46,38 @@ def string(value):
     return '"' + _ESCAPE.sub(_escape_char, value) + '"'
 
 
+_WHOLE = re.compile("(?:^|(?<=\0))(-?[0-9]+)(?=\0)")  # "3" -> "3.0"
+_NON_FINITE = re.compile("(?:^|(?<=\0))-?(?:nan|inf)(?=\0)")
+_NON_FINITE_TEXT = {"nan": "NaN", "-nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
 def decimals(flat):
-    """[JSON number text] of a float32 / float64 array, as json_tensor.cc's WriteDecimal."""
-    flat = np.asarray(flat)
+    """[JSON number text] of a float32 / float64 array, as json_tensor.cc's WriteDecimal:
+    `%g`, or `%.9g` / `%.17g` when six digits do not read back as the value; `.0` after
+    whole numbers; NaN / Infinity / -Infinity. Formatted, checked and fixed up over the
+    whole array at once (C loops), not value by value."""
+    flat = np.asarray(flat).ravel()
     count = flat.size
     if not count:
         return []
     values = flat.tolist()
-    text = ("%g\0" * count % tuple(values)).split("\0")[:-1]
+    text = "%g\0" * count % tuple(values)
     finite = np.isfinite(flat)
     with np.errstate(all="ignore"):
-        back = np.array(text, dtype=np.float64).astype(flat.dtype, copy=False)
-    wide = "%.9g" if flat.dtype == np.float32 else "%.17g"
-    for index in np.flatnonzero(finite & (back != flat)).tolist():
-        text[index] = wide % values[index]
-    for index in range(count):
-        token = text[index]
-        if "." in token or "e" in token:
-            continue
-        if finite[index]:
-            text[index] = token + ".0"
-        else:
-            value = values[index]
-            text[index] = "NaN" if math.isnan(value) else (
-                "-Infinity" if value < 0 else "Infinity")
-    return text
+        back = np.array(text.split("\0")[:-1], dtype=np.float64).astype(flat.dtype,
+                                                                        copy=False)
+    wrong = np.flatnonzero(finite & (back != flat))
+    if wrong.size:
+        tokens = text.split("\0")
+        wide = ("%.9g\0" if flat.dtype == np.float32 else "%.17g\0") * wrong.size % tuple(
+            flat[wrong].tolist())
+        for index, token in zip(wrong.tolist(), wide.split("\0")):
+            tokens[index] = token
+        text = "\0".join(tokens)
+    text = _WHOLE.sub("\\1.0", text)
+    if not finite.all():
+        text = _NON_FINITE.sub(lambda m: _NON_FINITE_TEXT[m.group(0)], text)
+    return text.split("\0")[:-1]
 
 
 def decimal(value, dtype=np.float32):

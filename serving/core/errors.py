@@ -73,6 +73,18 @@ def from_tf_error(error):
     return ServingError(grpc.StatusCode.INTERNAL, message)
 
 
+def from_undecodable_tf_error(error):
+    """A UnicodeDecodeError raised by a session run -> INVALID_ARGUMENT with TF's message.
+
+    TensorFlow builds the Python exception from the C++ status's message as UTF-8; when
+    an op quotes request bytes that are not UTF-8 (ParseExample's "Could not parse example
+    input, value: '...'") that decoding fails before the status code is read. Ops quote
+    their input only when refusing it, which TF does with INVALID_ARGUMENT."""
+    raw = error.object if isinstance(error.object, bytes) else bytes(error.object)
+    return ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                        _clean(raw.decode("utf-8", "backslashreplace")))
+
+
 def _clean(message):
     """Keeps what TF says went wrong; drops the graph-node and traceback decoration."""
     lines = [line.strip() for line in message.splitlines()]

@@ -131,6 +131,8 @@ class Servable:
                 values = self.session.run(fetches, feed_dict=feed_dict)
             except tf.errors.OpError as error:
                 raise errors.from_tf_error(error) from None
+            except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
+                raise errors.from_undecodable_tf_error(error) from None
             return dict(zip(output_keys, values))
         keys = list(feeds)
         run, specs = self._callable(
@@ -149,6 +151,8 @@ class Servable:
             values = run(*values)
         except tf.errors.OpError as error:
             raise errors.from_tf_error(error) from None
+        except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
+            raise errors.from_undecodable_tf_error(error) from None
         return dict(zip(output_keys, values))
 
     def _callable(self, feed_names, fetch_names):
