@@ -9,7 +9,6 @@ and regress bodies are tidied: TF Serving opens the row-format `predictions` arr
 switching rapidjson to single-line arrays and switches back before closing it, so the
 closing bracket sits on its own line; the tests hold the server to those real bytes."""
 import json
-import os
 import shutil
 import urllib.error
 import urllib.request

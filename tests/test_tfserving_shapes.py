@@ -4,6 +4,7 @@ saved_model::GetInputValues, tag 2.15.1). half_plus_two's `x` is [-1, 1], yet [1
 scalar or [2, 2] run; a shape the graph cannot take is the graph's INVALID_ARGUMENT, and
 no shape, however odd, takes the server down."""
 import json
+import os
 import random
 import subprocess
 import urllib.error
@@ -105,11 +106,11 @@ def test_a_shape_the_graph_cannot_take_is_the_graphs_invalid_argument(server, st
         stub.Predict(_request("tiny", {"x": tf.make_tensor_proto([1.0, 2.0, 3.0])}),
                      timeout=60)
     assert caught.value.code() == INVALID
-    assert "ndims must be >= 2" in caught.value.details(), caught.value.details()
+    assert "Shape must be rank 2 but is rank 1" in caught.value.details(), caught.value.details()
     status, body = _rest(server, "/v1/models/tiny:predict", {"inputs": [1.0, 2.0]})
-    assert status == 400 and "ndims must be >= 2" in body["error"], body
+    assert status == 400 and "Shape must be rank 2 but is rank 1" in body["error"], body
     status, body = _rest(server, "/v1/models/tiny:predict", {"instances": [1.0, 2.0]})
-    assert status == 400 and "ndims must be >= 2" in body["error"], body
+    assert status == 400 and "Shape must be rank 2 but is rank 1" in body["error"], body
 
 
 def test_dtypes_names_and_parsing_fail_with_tf_servings_statuses(stub):
@@ -192,6 +193,53 @@ def test_batching_refuses_what_tf_servings_batching_session_refuses(bases):
         server.stop()
 
 
+def _conv_model(base):
+    """x [None, 8, 8, 3] -> conv2d: TensorFlow 2.15's Conv2D kernel CHECK-fails (aborts
+    the process) when fed a scalar, in tensorflow_model_server as anywhere."""
+    path = os.path.join(base, "1")
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 8, 8, 3], name="x")
+        y = tf.nn.conv2d(x, tf.ones([3, 3, 3, 4]), 1, "SAME", name="y")
+        info = v1.saved_model.utils.build_tensor_info
+        signature = v1.saved_model.signature_def_utils.build_signature_def(
+            {"x": info(x)}, {"y": info(y)}, tf.saved_model.PREDICT_METHOD_NAME)
+        with v1.Session(graph=graph) as session:
+            builder = v1.saved_model.Builder(path)
+            builder.add_meta_graph_and_variables(
+                session, [tf.saved_model.SERVING],
+                signature_def_map={"serving_default": signature})
+            builder.save()
+    return base
+
+
+def test_a_shape_a_kernel_would_abort_on_is_refused_by_shape_inference(tmp_path):
+    """A shape the graph was not built for goes through TensorFlow's shape inference
+    first, so the Conv2D abort becomes INVALID_ARGUMENT and the server lives on; shapes
+    the shape functions accept still run (here a bigger image)."""
+    base = _conv_model(str(tmp_path / "conv"))
+    process, port, _ = start_server_process(
+        ["--model_name=conv", "--model_base_path=%s" % base, "--rest_api_port=0",
+         "--file_system_poll_wait_seconds=0"], prefix=["prlimit", "--as=%d" % (6 * 1024 ** 3)],
+        stderr=subprocess.DEVNULL)
+    try:
+        channel = grpc.insecure_channel("127.0.0.1:%d" % port)
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Predict(_request("conv", {"x": tf.make_tensor_proto(1.0)}), timeout=60)
+        assert caught.value.code() == INVALID, caught.value.details()
+        assert "rank 4" in caught.value.details(), caught.value.details()
+        assert process.poll() is None
+        big = stub.Predict(_request("conv", {"x": tf.make_tensor_proto(
+            np.ones([1, 16, 16, 3], np.float32))}), timeout=60)
+        assert [d.size for d in big.outputs["y"].tensor_shape.dim] == [1, 16, 16, 4]
+        channel.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
 # --- random shapes at every signature, in a memory-capped server ----------------------
 
 _DTYPE_ENUMS = {tf.float32: types_pb2.DT_FLOAT, tf.string: types_pb2.DT_STRING,
@@ -254,7 +302,6 @@ def test_random_shapes_at_every_signature_never_take_the_server_down(bases, expo
     allows), right and wrong dtypes, at every signature of the demo model and of
     half_plus_two, over gRPC and REST, in a server capped at 8 GB of address space: each
     is answered OK or INVALID_ARGUMENT, and the server still answers afterwards."""
-    import os  # pylint: disable=import-outside-toplevel
     config = tmp_path / "models.config"
     config.write_text("model_config_list {\n%s}\n" % "".join(
         '  config { name: "%s" base_path: "%s" model_platform: "tensorflow" }\n' % item

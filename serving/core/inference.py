@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from slimserve.serving.core import errors
+from slimserve.serving.core import shape_check
 from slimserve.serving.observability import request_window
 from slimserve.serving.core import tensors
 
@@ -298,6 +299,7 @@ class InferenceService:
                 seen.add(alias)
             check_feed_dtypes(servable, sig, feeds)
             output_keys = sorted(output_filter or sig.outputs)
+            shape_check.check(servable, sig, feeds, output_keys)
             outputs = self._run(servable, signature_name, sig, feeds, output_keys)
             return servable.version, signature_name, outputs
 
