@@ -8,6 +8,7 @@ loads the first versions and starts serving. slimserve-server (slimserve/cli/ser
 this plus flags; tests, the demo and benchmarks run it in process.
 """
 import logging
+import os
 import threading
 import time
 from concurrent import futures
