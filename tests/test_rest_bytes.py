@@ -87,11 +87,15 @@ def test_api_rest_md_regress_example(server):
 
 
 def test_api_rest_md_error_example(server):
+    """TF Serving's message, then the served names this server adds (docs/serving.md)."""
     status, content_type, body = _call(server, "/v1/models/half:predict",
                                        '{"instances": [1.0,5.0]}')
     assert (status, content_type) == (404, "application/json")
-    assert json.loads(body) == {"error": "Servable not found for request: Latest(half)"}
-    assert body == b'{\n    "error": "Servable not found for request: Latest(half)"\n}'
+    served = "; this server serves models half_plus_two, saved_model_half_plus_three"
+    assert json.loads(body) == {"error": "Servable not found for request: Latest(half)" +
+                                         served}
+    assert body == (b'{\n    "error": "Servable not found for request: Latest(half)' +
+                    served.encode() + b'"\n}')
 
 
 def test_row_columnar_and_scalar_layouts(server):
