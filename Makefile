@@ -5,7 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-input bench-train bench-serve bench-bulk bench-warmup soak clean
+.PHONY: demo test bench bench-input bench-train bench-serve bench-bulk bench-warmup soak clean \
+	tfserving-suite
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
@@ -41,6 +42,13 @@ bench-warmup: $(STAMP)
 # under prlimit, hostile and valid traffic, config edits, version churn, a full log disk.
 soak: $(STAMP)
 	nice -n 10 $(PY) benchmarks/soak.py
+
+# TF Serving's own model-server suite, unmodified, against slimserve-server:
+#   make tfserving-suite TFSERVING=/path/to/tensorflow/serving [TFSERVING_TAG=2.15.1]
+TFSERVING_TAG ?= 2.15.1
+tfserving-suite: $(STAMP)
+	@test -n "$(TFSERVING)" || { echo "usage: make tfserving-suite TFSERVING=<checkout or bare clone of tensorflow/serving>"; exit 2; }
+	$(PY) scripts/run_tfserving_suite.py "$(TFSERVING)" --tag=$(TFSERVING_TAG)
 
 clean:
 	rm -rf demo_out bench_out .pytest_cache

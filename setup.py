@@ -48,6 +48,9 @@ setup(
         # The /monitoring/prometheus/metrics exposition (registry, format) and the parser
         # the tuner and bench-serve read it back with (serving/observability/metrics.py).
         "prometheus_client>=0.17,<1",
+        # TF Text's op libraries: TF Serving links them into tensorflow_model_server, so
+        # models using them load there (serving/core/custom_ops.py registers them here).
+        "tensorflow-text>=2.15,<2.16",
     ],
     extras_require={
         "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",

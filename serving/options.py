@@ -99,8 +99,9 @@ class ServerOptions:
                                   "(empty: serve).")
     num_load_threads: int = _flag(0, "Threads loading models; >1 loads different models in "
                                   "parallel (0: serially).", lower_bound=0)
-    num_unload_threads: int = _flag(0, "Threads unloading servables (no effect here).",
-                                    no_effect=True)
+    num_unload_threads: int = _flag(0, "Threads in the pool that unloads servables (retires "
+                                    "a version, closes its session); 0: unloads run in the "
+                                    "polling thread, one after another.", lower_bound=0)
     max_num_load_retries: int = _flag(5, "Retries after the first failed load of a version "
                                       "before giving up until its files change (0: one "
                                       "attempt).", lower_bound=0)
@@ -112,12 +113,15 @@ class ServerOptions:
     enable_model_warmup: bool = _flag(True, "Replay assets.extra/tf_serving_warmup_requests "
                                       "before serving a version.")
     num_request_iterations_for_warmup: int = _flag(
-        0, "Times each warmup request is replayed (no effect here: once).", no_effect=True)
+        0, "Times each warmup request is replayed in a row; used only if > 0 (else once), "
+        "as TF Serving.")
     enable_signature_method_name_check: bool = _flag(
         False, "Require Classify / Regress signatures to have the classify / regress "
         "method_name (and Predict one of predict, classify, regress).")
-    remove_unused_fields_from_bundle_metagraph: bool = _flag(True, "(no effect here)",
-                                                             no_effect=True)
+    remove_unused_fields_from_bundle_metagraph: bool = _flag(
+        True, "Keep only the signature_def of a loaded MetaGraphDef. Always so here: a loaded "
+        "version holds its graph and signatures, never the MetaGraphDef proto (false has "
+        "no effect).", no_effect=True)
     # --- batching -------------------------------------------------------------------------
     enable_batching: bool = _flag(False, "Batch concurrent requests server-side.")
     batching_parameters_file: str = _flag("", "Text-format BatchingParameters "

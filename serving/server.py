@@ -8,6 +8,7 @@ loads the first versions and starts serving. slimserve-server (slimserve/cli/ser
 this plus flags; tests, the demo and benchmarks run it in process.
 """
 import logging
+import os
 import threading
 import time
 from concurrent import futures
@@ -213,7 +214,9 @@ class ModelServer:
             on_change=self.metrics.model_event, on_load=self.metrics.model_load,
             saved_model_tags=tags, tflite=tflite_servable.TfLiteOptions(
                 options.num_tflite_pools, options.num_tflite_interpreters_per_pool)
-            if options.prefer_tflite_model else None)
+            if options.prefer_tflite_model else None,
+            num_unload_threads=options.num_unload_threads,
+            warmup_iterations=options.num_request_iterations_for_warmup or 1)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
                                              self.metrics.observe_queue_wait)
                         if batching else None)

@@ -350,6 +350,6 @@ def test_servable_api_and_a_failing_warmup_keeps_a_version_out(tiny_source, tmp_
         manager.poll()
         assert manager.available_versions("m") == [1]
         state, error = manager.status("m", 2)[0][1:]
-        assert state == "END" and "warmup record 1" in error and "[1, 3]" in error
+        assert state == "END" and "warmup record 1" in error and "[1,3]" in error
     finally:
         manager.stop()

@@ -169,15 +169,18 @@ def test_metadata_and_status_print_every_field_as_tf_serving_does(server):
 
 @pytest.mark.parametrize("case, method, path, body, status, message", [
     ("string for a float", "POST", "/v1/models/tiny:predict",
-     {"instances": [["1.5", 2.0]]}, 400, "is not of expected type: float32"),
+     {"instances": [["1.5", 2.0]]}, 400, 'JSON Value: "1.5" Type: String is not of expected '
+     'type: float'),
     ("bool for a float", "POST", "/v1/models/tiny:predict",
-     {"inputs": {"x": [[True, 2.0]]}}, 400, "Type: Bool"),
+     {"inputs": {"x": [[True, 2.0]]}}, 400, "JSON Value: true Type: True is not of expected "
+     "type: float"),
     ("1.5 for an int64", "POST", "/v1/models/ints:predict",
      {"instances": [1, 1.5]}, 400, "is not of expected type: int64"),
     ("int64 overflow", "POST", "/v1/models/ints:predict",
-     {"instances": [2 ** 63]}, 400, "out of range for int64"),
+     {"instances": [2 ** 63]}, 400, "Type: Number is not of expected type: int64"),
     ("ragged rows", "POST", "/v1/models/tiny:predict",
-     {"instances": [[1.0, 2.0], [1.0]]}, 400, "input 'x'"),
+     {"instances": [[1.0, 2.0], [1.0]]}, 400, "Failed to process element: 1 of 'instances' "
+     "list. Error: INVALID_ARGUMENT: Expecting tensor size: 2 but got: 1"),
     ("list as signature_name", "POST", "/v1/models/tiny:predict",
      {"signature_name": ["x"], "instances": [[1.0, 2.0]]}, 400, "must be a string value"),
     ("number as signature_name", "POST", "/v1/models/tiny:classify",
@@ -196,8 +199,6 @@ def test_metadata_and_status_print_every_field_as_tf_serving_does(server):
     ("no model name", "GET", "/v1/models", None, 400, "Missing model name"),
     ("PUT", "PUT", "/v1/models/tiny", b"{}", 400, "Malformed request: PUT /v1/models/tiny"),
     ("DELETE", "DELETE", "/v1/models/tiny", None, 400, "Malformed request: DELETE"),
-    ("OPTIONS without Origin", "OPTIONS", "/v1/models/tiny", None, 400, "Origin header"),
-    ("outside /v1", "GET", "/favicon.ico", None, 404, "Not found"),
     ("unknown model", "POST", "/v1/models/nope:predict", {"instances": [[1.0, 2.0]]}, 404,
      "nope"),
     ("no examples", "POST", "/v1/models/tiny:classify", {"signature_name": "classify"}, 400,
@@ -207,6 +208,21 @@ def test_bad_requests_get_json_errors(server, case, method, path, body, status, 
     code, payload = _request(server.rest_api_port, method, path, body)
     assert code == status, (case, payload)
     assert message in payload["error"], (case, payload)
+
+
+def test_cors_preflight_without_origin_and_paths_outside_v1_answer_as_tf_serving(server):
+    """An OPTIONS without an http(s) Origin is 400 with no body (http_server.cc answers it
+    before any handler); a path outside /v1/ gets libevent's 404 page."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.rest_api_port, timeout=10)
+    try:
+        conn.request("OPTIONS", "/v1/models/tiny")
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (400, b"")
+        conn.request("GET", "/favicon.ico")
+        response = conn.getresponse()
+        assert response.status == 404 and b"<H1>Not Found</H1>" in response.read()
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize("case, head, status, message", [

@@ -126,7 +126,9 @@ def test_rest_b64_row_and_columnar_match_grpc(server, client, digits_data):
 
 @pytest.mark.parametrize("case, feeds, spec, code", [
     ("wrong dtype", {"image_bytes": np.zeros([1], np.float32)}, {}, "INVALID_ARGUMENT"),
-    ("wrong shape", {"images": np.zeros([1, 5, 5, 3], np.float32)},
+    # Shapes are the graph's to judge, as in TF Serving: [1, 5, 5, 3] images run (the
+    # graph resizes them); a rank its ops cannot take is their INVALID_ARGUMENT.
+    ("wrong rank", {"images": np.zeros([5, 5, 3], np.float32)},
      {"signature_name": "predict_images"}, "INVALID_ARGUMENT"),
     ("empty batch", {"image_bytes": np.array([], dtype=object)}, {}, "INVALID_ARGUMENT"),
     ("non-image bytes", {"image_bytes": np.array([b"hello"], dtype=object)}, {},

@@ -242,9 +242,6 @@ def test_predict_and_metadata_on_tflite(plain_base, sigdef_base, with_signature_
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 19 item 1 (helper FID): tensors."
-                   "check_input still refuses a shape the SignatureDef does not list; drop "
-                   "this mark once that lands")
 def test_predict_sends_the_suites_rank_one_input(plain_base):
     """The suite's exact request: x of shape [1] (the model's input is [1, 1]); TF Serving
     resizes and answers one value."""

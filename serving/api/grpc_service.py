@@ -64,14 +64,18 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "predict") as call:
-                # request-bounds: each TensorProto is checked against the signature and
-                # its own payload before any array is allocated.
                 service = self._service
+
+                def decode(sig):
+                    """The aliases first, then each TensorProto parsed as TF does and
+                    bounded by its payload before any array is allocated."""
+                    service_lib.check_input_keys(sig, request.inputs.keys())
+                    return tensors.decode_inputs(request.inputs, None,
+                                                 service.max_request_elements,
+                                                 service.max_broadcast_elements)
+
                 version, sig_name, outputs = service.predict(
-                    name, version, label, request.model_spec.signature_name,
-                    lambda signature_inputs: tensors.decode_inputs(
-                        request.inputs, signature_inputs, service.max_request_elements,
-                        service.max_broadcast_elements),
+                    name, version, label, request.model_spec.signature_name, decode,
                     list(request.output_filter))
                 call.version, call.signature = version, sig_name
         except errors.ServingError as error:
@@ -182,12 +186,13 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         except errors.ServingError as error:
             return _abort(context, error)
         response = get_model_status_pb2.GetModelStatusResponse()
-        for number, state, message in statuses:
+        for number, state, message, code in statuses:
             entry = response.model_version_status.add()
             entry.version = number
             entry.state = _STATES[state]
-            if message:
-                entry.status.error_code = 2  # UNKNOWN
+            entry.status.SetInParent()  # always present, OK when nothing failed
+            if message or code:
+                entry.status.error_code = code  # the load error's own code
                 entry.status.error_message = message
         return response
 

@@ -18,7 +18,6 @@ Transport-free, as TF Serving's http_rest_api_handler is apart from its http_ser
 server that carries it is http_server.py.
 """
 import concurrent.futures
-import json
 import os
 import re
 import urllib.parse
@@ -26,6 +25,7 @@ import urllib.parse
 import grpc
 
 from slimserve.serving.core import errors
+from slimserve.serving.api import json_writer
 from slimserve.serving.api import protos
 from slimserve.serving.api import rest_json
 from slimserve.serving.core import inference as service_lib
@@ -52,12 +52,16 @@ def default_num_threads():
         4 * (os.cpu_count() or 1)
 
 
-def _json_bytes(payload):
-    return (json.dumps(payload) + "\n").encode("utf-8")
-
-
 def error_body(message):
-    return _json_bytes({"error": message})
+    """An error answer's body, as TF Serving's MakeJsonFromStatus writes it."""
+    return json_writer.error(message).encode("utf-8", "surrogateescape")
+
+
+# What TF Serving's HTTP server (libevent's evhttp_send_error) answers for a path no
+# handler takes.
+NOT_FOUND_HEADERS = [("Content-Type", "text/html; charset=ISO-8859-1")]
+NOT_FOUND_BODY = (b"<HTML><HEAD>\n<TITLE>404 Not Found</TITLE>\n</HEAD><BODY>\n"
+                  b"<H1>Not Found</H1>\n</BODY></HTML>\n")
 
 
 def _deadline_exceeded(timeout_ms):
@@ -115,15 +119,14 @@ class RestApi:
             return 200, [("Content-Type", "text/html; charset=utf-8"),
                          ("Cache-Control", "no-store")], self.status_page().encode("utf-8")
         if not _API_PATH.fullmatch(path):
-            return 404, JSON_HEADERS, error_body("Not found: %s %s (the REST API lives under "
-                                           "/v1/models/)" % (method, path))
+            return 404, NOT_FOUND_HEADERS, NOT_FOUND_BODY
+        if method == "OPTIONS":  # CORS preflight, as http_server.cc answers it: no body
+            if not _ORIGIN.search(headers.get("origin", "")):
+                return errors.ServingError(grpc.StatusCode.FAILED_PRECONDITION, "").http_status, \
+                    self._headers, b""
+            return 200, self._headers, b""
         try:
-            if method == "OPTIONS":  # CORS preflight, as http_server.cc answers it
-                if not _ORIGIN.match(headers.get("origin", "")):
-                    raise errors.ServingError(grpc.StatusCode.FAILED_PRECONDITION,
-                                              "Origin header is missing in CORS preflight")
-                return 200, self._headers, b""
-            return 200, self._headers, _json_bytes(self._dispatch(method, path, body))
+            return 200, self._headers, self._dispatch(method, path, body)
         except errors.ServingError as error:
             return error.http_status, self._headers, error_body(error.message)
 
@@ -134,7 +137,8 @@ class RestApi:
         models = {}
         for name in manager.model_names:
             try:
-                models[name] = self._service.status(name)
+                models[name] = [(version, state, message) for version, state, message, _
+                                in self._service.status(name)]
             except errors.ServingError:
                 models[name] = []
         return status_page.render(models, self._service.window.summary())
@@ -181,17 +185,19 @@ class RestApi:
             raise _deadline_exceeded(self._timeout_ms) from None
 
     def _predict(self, name, version, label, body, call):
-        sig_name = rest_json.signature_name(body, service_lib.DEFAULT_SIGNATURE)
+        given = rest_json.signature_name(body, "")
         decoded = {}
 
-        def decode(signature_inputs):
-            """The JSON, decoded against the signature of the version that runs it (one
+        def decode(sig):
+            """The JSON, read against the signature of the version that runs it (one
             servable lookup per request, as gRPC)."""
-            decoded["feeds"], decoded["rows"] = rest_json.predict_feeds(body, signature_inputs)
+            decoded["feeds"], decoded["rows"] = rest_json.predict_feeds(
+                body, sig, given, self._service.max_request_elements)
             return decoded["feeds"]
 
         served, sig_name, outputs = self._run(self._service.predict, name, version, label,
-                                              sig_name, decode)
+                                              given or service_lib.DEFAULT_SIGNATURE, decode,
+                                              (), "rest_predict")
         feeds, row_format = decoded["feeds"], decoded["rows"]
         call.version, call.signature = served, sig_name
         self._service.log_request(name, "predict", lambda: _logged(
@@ -200,7 +206,7 @@ class RestApi:
 
     def _classify(self, name, version, label, body, call):
         sig_name = rest_json.signature_name(body, service_lib.DEFAULT_SIGNATURE)
-        examples = rest_json.serialized_examples(body, "classify")
+        examples = rest_json.serialized_examples(body)
         served, sig_name, classes, scores = self._run(
             self._service.classify, name, version, label, sig_name, examples)
         call.version, call.signature = served, sig_name
@@ -210,7 +216,7 @@ class RestApi:
 
     def _regress(self, name, version, label, body, call):
         sig_name = rest_json.signature_name(body, service_lib.DEFAULT_SIGNATURE)
-        examples = rest_json.serialized_examples(body, "regress")
+        examples = rest_json.serialized_examples(body)
         served, sig_name, values = self._run(self._service.regress, name, version, label,
                                              sig_name, examples)
         call.version, call.signature = served, sig_name

@@ -8,16 +8,21 @@ import re
 
 import grpc
 
+# TF Serving's ToHTTPStatusCode (model_servers/http_server.cc); anything else is 500.
 _HTTP = {
+    grpc.StatusCode.CANCELLED: 499,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNIMPLEMENTED: 501,
     grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.INTERNAL: 500,
 }
 
 
@@ -66,6 +71,18 @@ def from_tf_error(error):
         if isinstance(error, kind):
             return ServingError(code, message)
     return ServingError(grpc.StatusCode.INTERNAL, message)
+
+
+def from_undecodable_tf_error(error):
+    """A UnicodeDecodeError raised by a session run -> INVALID_ARGUMENT with TF's message.
+
+    TensorFlow builds the Python exception from the C++ status's message as UTF-8; when
+    an op quotes request bytes that are not UTF-8 (ParseExample's "Could not parse example
+    input, value: '...'") that decoding fails before the status code is read. Ops quote
+    their input only when refusing it, which TF does with INVALID_ARGUMENT."""
+    raw = error.object if isinstance(error.object, bytes) else bytes(error.object)
+    return ServingError(grpc.StatusCode.INVALID_ARGUMENT,
+                        _clean(raw.decode("utf-8", "backslashreplace")))
 
 
 def _clean(message):

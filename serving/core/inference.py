@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from slimserve.serving.core import errors
+from slimserve.serving.core import shape_check
 from slimserve.serving.observability import request_window
 from slimserve.serving.core import tensors
 
@@ -124,6 +125,65 @@ def regression_result(rows, outputs):
     return outputs.reshape([rows])
 
 
+def check_input_keys(sig, given):
+    """The request's input aliases against the signature, with TF Serving's statuses
+    (predict_util.cc VerifyRequestInputsSize, then saved_model::GetInputValues)."""
+    expected, given = set(sig.inputs), set(given)
+    if len(given) > len(expected) or (len(given) < len(expected) and not sig.defaults):
+        raise errors.invalid(
+            "input size does not match signature: %d!=%d len({%s}) != len({%s}). "
+            "Sent extra: {%s}. Missing but required: {%s}.", len(given), len(expected),
+            ",".join(sorted(given)), ",".join(sorted(expected)),
+            ",".join(sorted(given - expected)), ",".join(sorted(expected - given)))
+    for alias in sorted(expected - given):
+        if alias not in sig.defaults:
+            raise errors.invalid(
+                "Signature input alias: %s(feed name: %s) not found in request and no "
+                "default value provided. Inputs expected to be in the request {%s}, or "
+                "default input alias set: %s", alias, sig.inputs[alias].name,
+                ",".join(sorted(given)), ",".join(sorted(sig.defaults)))
+    if given - expected:
+        raise errors.invalid("Inputs contains invalid name. Used request inputs: %s, request "
+                             "input: %s", ",".join(sorted(given & expected)),
+                             ",".join(sorted(given)))
+
+
+def check_feed_dtypes(servable, sig, feeds):
+    """Session::Run's check (FunctionCallFrame::SetArgs): each fed value has the dtype of
+    the tensor it feeds, else "Expects arg[i] to be float but int32 is provided". The
+    fed tensor's dtype is read from the graph, as TF does (a SignatureDef may misstate it).
+    A TFLite version (no graph) checks its own inputs, as TF Serving's TfLiteSession."""
+    graph = getattr(servable, "graph", None)
+    if graph is None:
+        return
+    for index, key in enumerate(sorted(feeds)):
+        info = sig.inputs[key]
+        try:
+            expected = graph.get_tensor_by_name(info.name).dtype.base_dtype
+        except (KeyError, ValueError):
+            expected = tensors.signature_dtype(info)
+        given = tensors.array_dtype(feeds[key])
+        if given != expected:
+            raise errors.invalid("Expects arg[%d] to be %s but %s is provided", index,
+                                 tensors.type_string(expected), tensors.type_string(given))
+
+
+def check_batchable(feeds):
+    """What TF Serving's batching session requires of a request it batches
+    (batching_util.h ComputeTensorBatchSize)."""
+    if not feeds:
+        raise errors.invalid("Batching Run() must have at least one input tensor")
+    sizes = set()
+    for value in feeds.values():
+        if value.ndim == 0:
+            raise errors.invalid("Batching Run() input tensors must have at least one "
+                                 "dimension")
+        sizes.add(value.shape[0])
+    if len(sizes) > 1:
+        raise errors.invalid("Batching Run() input tensors must have equal 0th-dimension "
+                             "size")
+
+
 class _Call:
     """What `observe` learns about one request while it runs."""
     __slots__ = ("version", "signature")
@@ -201,33 +261,33 @@ class InferenceService:
 
     def _run(self, servable, signature_name, signature_def, feeds, output_keys):
         if self.batcher is not None:
+            check_batchable(feeds)
             return self.batcher.run(servable, signature_name, signature_def, feeds, output_keys)
         return servable.run(signature_def, feeds, output_keys)
 
-    def predict(self, name, version, label, signature_name, feeds, output_filter=()):
-        """feeds: {key: ndarray}, or a function of the signature's inputs map returning
-        it (gRPC decodes its TensorProtos against the signature of the very version that
-        runs them, with one servable lookup) -> (version, signature name, {key: ndarray})."""
+    def predict(self, name, version, label, signature_name, feeds, output_filter=(),
+                api="predict"):
+        """feeds: {key: ndarray}, or a function of the SignatureDef returning it (gRPC and
+        REST read their tensors against the signature of the very version that runs them,
+        with one servable lookup) -> (version, signature name, {key: ndarray}).
+
+        As TF Serving's predict_util.cc: the inputs must name the signature's aliases (a
+        missing one may come from the signature's defaults); shapes are not checked, the
+        graph decides; a dtype other than the fed tensor's is Session::Run's error.
+        api: "rest_predict" answers a missing signature as TF Serving's REST API does."""
         with self._servable(name, version, label, signature_name) as servable:
-            signature_name, sig = servable.signature(signature_name, "predict")
-            if callable(feeds):
-                feeds = feeds(sig.inputs)
+            signature_name, sig = servable.signature(signature_name, api)
             if self.method_name_check and sig.method_name not in (
                     PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
                 raise _error(grpc.StatusCode.INTERNAL,
                              "Expected prediction signature method_name to be one of {%s, %s, "
                              "%s}. Was: %s", PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD,
                              sig.method_name)
-            expected, given = set(sig.inputs), set(feeds)
-            if given != expected:
-                raise errors.invalid(
-                    "input size does not match signature: %d!=%d len({%s}) != len({%s}). "
-                    "Sent extra: {%s}. Missing but required: {%s}.", len(given), len(expected),
-                    ",".join(sorted(given)), ",".join(sorted(expected)),
-                    ",".join(sorted(given - expected)), ",".join(sorted(expected - given)))
+            if callable(feeds):
+                feeds = feeds(sig)
+            check_input_keys(sig, feeds)
+            feeds = self._with_defaults(sig, feeds)
             tensors.check_request_size(feeds, self.max_request_elements)
-            for key, array in feeds.items():
-                tensors.check_input(key, array, sig.inputs[key])
             seen = set()
             for alias in output_filter:
                 if alias not in sig.outputs:
@@ -237,9 +297,22 @@ class InferenceService:
                 if alias in seen:
                     raise errors.invalid("duplicate output tensor alias: %s", alias)
                 seen.add(alias)
+            check_feed_dtypes(servable, sig, feeds)
             output_keys = sorted(output_filter or sig.outputs)
+            shape_check.check(servable, sig, feeds, output_keys)
             outputs = self._run(servable, signature_name, sig, feeds, output_keys)
             return servable.version, signature_name, outputs
+
+    def _with_defaults(self, sig, feeds):
+        """Adds the signature's default value of every input the request left out."""
+        missing = [key for key in sig.inputs if key not in feeds]
+        if not missing:
+            return feeds
+        feeds = dict(feeds)
+        feeds.update(tensors.decode_inputs({k: sig.defaults[k] for k in missing}, None,
+                                           self.max_request_elements,
+                                           self.max_broadcast_elements))
+        return feeds
 
     @staticmethod
     def _examples(serialized_examples):
@@ -344,8 +417,11 @@ class InferenceService:
 
     def status(self, name, version=None, label=None):
         """Like get_model_status_impl.cc: a version label is ignored, every version listed.
-        Load-failure messages reach clients without server paths."""
+        -> [(version, state, error message, error code)], the code the load error's own
+        (grpc.StatusCode value; 0 when it loaded). Messages reach clients without server
+        paths."""
         del label
         check_names(model=name)
-        return [(number, state, errors.scrub_paths(message) if message else message)
-                for number, state, message in self.manager.status(name, version)]
+        return [(number, state, errors.scrub_paths(message) if message else message, code)
+                for number, state, message, code in self.manager.status(name, version,
+                                                                        with_codes=True)]

@@ -20,7 +20,9 @@ import time
 
 import grpc
 import tensorflow as tf
+from google.protobuf import message as proto_message
 
+from slimserve.serving.core import custom_ops
 from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core import tflite_servable
@@ -43,6 +45,31 @@ def _describe(error):
     return "%s: %s" % (type(error).__name__, " ".join(lines[:2]) if lines else message)
 
 
+def load_error_code(error):
+    """The canonical code of a failed load, as TF Serving reports it in GetModelStatus:
+    TensorFlow's own status for TF errors (a warmup record's failing run included),
+    DATA_LOSS for a saved_model.pb that does not parse, NOT_FOUND for a file or tag-set
+    that is not there, else UNKNOWN (a Python-level failure has no canonical code)."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for item in chain:
+        if isinstance(item, tf.errors.OpError):
+            return item.error_code
+        if isinstance(item, errors.ServingError):
+            return item.code.value[0]
+        if isinstance(item, proto_message.DecodeError):
+            return grpc.StatusCode.DATA_LOSS.value[0]
+    for item in chain:
+        if isinstance(item, FileNotFoundError) or (
+                isinstance(item, (OSError, RuntimeError)) and
+                ("could not be found" in str(item) or "does not exist" in str(item))):
+            return grpc.StatusCode.NOT_FOUND.value[0]
+    return grpc.StatusCode.UNKNOWN.value[0]
+
+
 class _Version:
     """What the manager knows of one version of one model."""
 
@@ -50,6 +77,7 @@ class _Version:
         self.number = number
         self.state = None  # None until first aspired and tried
         self.error = ""
+        self.code = 0  # the failed load's canonical status code (0: none)
         self.servable = None
         self.aspired = False
         self.failures = 0  # failed loads since the files last changed
@@ -73,7 +101,8 @@ class ModelManager:
     def __init__(self, configs, warmup=True, session_config=None, max_num_load_retries=5,
                  load_retry_interval_micros=DEFAULT_LOAD_RETRY_INTERVAL_MICROS,
                  num_load_threads=0, allow_version_labels_for_unavailable_models=False,
-                 on_change=None, on_load=None, saved_model_tags=None, tflite=None):
+                 on_change=None, on_load=None, saved_model_tags=None, tflite=None,
+                 num_unload_threads=0, warmup_iterations=1):
         """
         Args:
           configs: [ServedModel] served from the first poll on.
@@ -92,6 +121,11 @@ class ModelManager:
             default `serve`.
           tflite: a tflite_servable.TfLiteOptions for --prefer_tflite_model: a version
             holding model.tflite is served from it (else from its SavedModel).
+          num_unload_threads: > 0 unloads (retiring a version and closing its session)
+            in a pool of that many threads, so a slow unload never holds up loading;
+            0 unloads in the polling thread, as TF Serving's flag.
+          warmup_iterations: times each warmup record is replayed
+            (--num_request_iterations_for_warmup).
         """
         _check_unique(configs)
         self._warmup = warmup
@@ -111,6 +145,11 @@ class ModelManager:
         self._pool = (concurrent.futures.ThreadPoolExecutor(num_load_threads,
                                                             thread_name_prefix="model-load")
                       if num_load_threads > 1 else None)
+        self._unload_pool = (concurrent.futures.ThreadPoolExecutor(
+            num_unload_threads, thread_name_prefix="model-unload")
+            if num_unload_threads > 0 else None)
+        self._warmup_iterations = max(int(warmup_iterations), 1)
+        custom_ops.load_tf_text_ops()
         self._stop = threading.Event()
         self._thread = None
 
@@ -208,7 +247,7 @@ class ModelManager:
             servable = self._servable(name, version.number, path)
             load_seconds = time.monotonic() - started
             if self._warmup and tf.io.gfile.exists(os.path.join(path, WARMUP_PATH)):
-                warmed = servable.warm_up()
+                warmed = servable.warm_up(self._warmup_iterations)
                 warmup_seconds = time.monotonic() - started - load_seconds
         except Exception as error:  # pylint: disable=broad-except
             if servable is None:
@@ -221,7 +260,7 @@ class ModelManager:
                 version.fingerprint = fingerprint
                 version.retry_at = time.monotonic() + max(self._retry_interval, 0.0)
             attempts_left = self._max_retries + 1 - version.failures
-            self._set_state(name, version, END, _describe(error))
+            self._set_state(name, version, END, _describe(error), load_error_code(error))
             logging.warning("model %s version %d failed to load from %s (%s); %s", name,
                             version.number, path, version.error,
                             "retrying in %.0f s (%d attempts left) or when its files change"
@@ -249,13 +288,20 @@ class ModelManager:
             servable, version.servable = version.servable, None
             version.state = UNLOADING
         self._publish(model.config.name, version)
-        if servable is not None:
-            servable.retire()
-        self._set_state(model.config.name, version, END)
 
-    def _set_state(self, name, version, state, error=""):
+        def finish():
+            if servable is not None:
+                servable.retire()
+            self._set_state(model.config.name, version, END)
+
+        if self._unload_pool is not None:
+            self._unload_pool.submit(finish)
+        else:
+            finish()
+
+    def _set_state(self, name, version, state, error="", code=0):
         with self._lock:
-            version.state, version.error = state, error
+            version.state, version.error, version.code = state, error, code
         self._publish(name, version)
 
     def _publish(self, name, version):
@@ -414,8 +460,9 @@ class ModelManager:
                 models = list(self._models.values())
             for model in models:
                 self._retire_model(model)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for pool in (self._pool, self._unload_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     # --- the request path ------------------------------------------------------------
 
@@ -473,13 +520,14 @@ class ModelManager:
             raise errors.invalid("Unrecognized servable version label: %s", label)
         return number
 
-    def status(self, name, version=None):
+    def status(self, name, version=None, with_codes=False):
         """[(version, state, error)] newest first, for GetModelStatus: every version seen
-        (END ones too, with their load error if they failed), or the one asked for."""
+        (END ones too, with their load error if they failed), or the one asked for.
+        with_codes: (version, state, error, code), code the failed load's status code."""
         with self._lock:
             model = self._models.get(name) or self._removed.get(name)
             states = {} if model is None else {
-                n: (v.state, v.error) for n, v in model.versions.items() if v.state}
+                n: (v.state, v.error, v.code) for n, v in model.versions.items() if v.state}
             if model is None:
                 why = self._served_names_locked()
             else:
@@ -491,7 +539,8 @@ class ModelManager:
         if not states:
             raise errors.not_found("Could not find any versions of model %s%s", name,
                                    _suffix(why))
-        return [(v, s, e) for v, (s, e) in sorted(states.items(), reverse=True)]
+        return [(v, s, e, c) if with_codes else (v, s, e)
+                for v, (s, e, c) in sorted(states.items(), reverse=True)]
 
     def diagnosis(self, name):
         """Why the model's base path had no version at the last poll, or ""."""

@@ -35,6 +35,9 @@ MAX_CALLABLES = 64
 # (predict_util.cc, classifier.cc, regressor.cc, multi_inference.cc).
 MISSING_SIGNATURE = {
     "predict": (grpc.StatusCode.FAILED_PRECONDITION, "Serving signature key \"%s\" not found."),
+    # REST :predict looks the signature up while reading the JSON (GetInfoMap).
+    "rest_predict": (grpc.StatusCode.INVALID_ARGUMENT,
+                     "Serving signature name: \"%s\" not found in signature def"),
     "classify": (grpc.StatusCode.INVALID_ARGUMENT, "No signature was found with the name: %s"),
     "regress": (grpc.StatusCode.INVALID_ARGUMENT, "No signature was found with the name: %s"),
     "multi_inference": (grpc.StatusCode.INVALID_ARGUMENT,
@@ -128,27 +131,28 @@ class Servable:
                 values = self.session.run(fetches, feed_dict=feed_dict)
             except tf.errors.OpError as error:
                 raise errors.from_tf_error(error) from None
+            except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
+                raise errors.from_undecodable_tf_error(error) from None
             return dict(zip(output_keys, values))
         keys = list(feeds)
         run, specs = self._callable(
             tuple(signature_def.inputs[k].name for k in keys),
             tuple(signature_def.outputs[k].name for k in output_keys))
-        # What session.run did for every feed: convert to the placeholder's dtype and
-        # refuse a shape the placeholder does not accept (the callable does neither).
+        # Converted to the fed tensor's dtype as session.run does. Shapes are not checked
+        # against the tensor's static shape: as in C++ Session::Run (TF Serving), the
+        # graph decides, and a shape it cannot take fails there as INVALID_ARGUMENT.
         values = []
-        for key, (dtype, dims) in zip(keys, specs):
+        for key, (dtype, _) in zip(keys, specs):
             value = feeds[key]
             if dtype is not None and value.dtype != dtype:
                 value = np.asarray(value, dtype)
-            if dims is not None and (len(dims) != value.ndim or any(
-                    d is not None and d != n for d, n in zip(dims, value.shape))):
-                raise errors.invalid("input %s: cannot feed a value of shape %s to a tensor "
-                                     "of shape %s", key, list(value.shape), dims)
             values.append(value)
         try:
             values = run(*values)
         except tf.errors.OpError as error:
             raise errors.from_tf_error(error) from None
+        except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
+            raise errors.from_undecodable_tf_error(error) from None
         return dict(zip(output_keys, values))
 
     def _callable(self, feed_names, fetch_names):
@@ -185,17 +189,19 @@ class Servable:
                 self._callables.popitem(last=False)
         return entry
 
-    def warm_up(self):
+    def warm_up(self, iterations=1):
         """Replays assets.extra/tf_serving_warmup_requests (predict, classify and regress
-        logs, as TF Serving does); returns how many ran. Any failure raises WarmupError
-        naming the record: a version whose warmup fails is not served."""
+        logs, as TF Serving does), each record `iterations` times in a row
+        (--num_request_iterations_for_warmup); returns how many records ran. Any failure
+        raises WarmupError naming the record: a version whose warmup fails is not served."""
         path = os.path.join(self.path, WARMUP_PATH)
         if not tf.io.gfile.exists(path):
             return 0
         count = 0
         for record in tf.compat.v1.io.tf_record_iterator(path):
             try:
-                self._replay(record)
+                for _ in range(max(int(iterations), 1)):
+                    self._replay(record)
             except Exception as error:  # pylint: disable=broad-except
                 message = getattr(error, "message", None) or str(error)
                 raise WarmupError("%s: warmup record %d failed: %s" % (

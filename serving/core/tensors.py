@@ -1,17 +1,21 @@
-"""Conversions between TensorProtos, REST JSON values and numpy, bounded before allocation.
+"""Conversions between TensorProtos and numpy, as TF's Tensor::FromProto reads them and
+bounded before allocation.
 
-A request may cost only what its size justifies. Every TensorProto is checked against
-the signature (dtype, rank, fixed dimensions) and against its own payload (dimensions
->= 0, element count against the values it carries, per-request element limit) before
-any array is allocated; only then is it decoded, straight from the typed field or
-`tensor_content`. Failures are INVALID_ARGUMENT naming the input and the limit.
+TF Serving does not check a request's tensors against the SignatureDef: it parses each
+TensorProto (Tensor::FromProto) and feeds it to Session::Run, so the graph decides which
+shapes it takes. `check_proto` accepts exactly the protos FromProto accepts, with its
+rules (rank <= 254, dimensions >= 0 whose running product fits int64, tensor_content of
+exactly the shape's bytes, else the typed field: extra values ignored, missing ones filled
+with the last value, or zeros when there are none, values in other fields ignored), and a
+proto FromProto refuses is INVALID_ARGUMENT "tensor parsing error: <alias>" as there. On
+top of that, and before any array is allocated, a request may cost only what its size
+justifies: the per-request element limit, and a smaller limit on elements filled from
+fewer values (max_request_elements / max_broadcast_elements).
 
 Responses fill the typed repeated fields (float_val, int64_val, string_val, ...) as
 TF Serving 2.15's Predict does (Tensor::AsProtoField), so clients reading
 `response.outputs[k].float_val` work; tf.make_ndarray reads them too.
 """
-import base64
-
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
@@ -29,11 +33,11 @@ DEFAULT_MAX_REQUEST_ELEMENTS = 1 << 26
 # has its own, smaller limit: 2**20 = 1,048,576 elements (4 MiB of float32; one
 # 512x512x3 image).
 DEFAULT_MAX_BROADCAST_ELEMENTS = 1 << 20
-# Deepest REST JSON nesting accepted when the signature does not fix the rank.
-MAX_JSON_RANK = 32
+MAX_DIMENSIONS = 254  # TensorShape::MaxDimensions(): deeper protos do not parse in TF
+MAX_ARRAY_RANK = 32  # numpy's (1.x) limit: what this server can feed TensorFlow
+_INT64_MAX = 2 ** 63 - 1
 
 _FIELDS = tensor_pb2.TensorProto.DESCRIPTOR.fields_by_name
-_META_FIELDS = ("dtype", "tensor_shape", "version_number")
 
 # dtype -> (typed field, numpy type the field's values are read as, values per element).
 _TYPED = {
@@ -58,6 +62,8 @@ _SUPPORTED = ", ".join(sorted(d.name for d in _TYPED))
 # Typed fields whose values are fixed-width little-endian on the wire: packed, they are
 # the array's bytes, so a response encodes them without a per-element Python loop.
 _FIXED_WIDTH = {np.dtype(np.float32): "float_val", np.dtype(np.float64): "double_val"}
+# TF's DataTypeString() where it differs from the Python name (its error messages use it).
+_CPP_NAMES = {"float32": "float", "float64": "double", "float16": "half"}
 
 
 _NUMPY_DTYPES = {}  # numpy dtype -> tf.DType, likewise
@@ -76,24 +82,29 @@ def signature_dtype(tensor_info):
     return as_dtype(tensor_info.dtype)
 
 
-def _dtype_name(enum_value):
-    try:
-        return tf.dtypes.as_dtype(enum_value).name
-    except TypeError:
-        return "dtype enum %d" % enum_value
+def type_string(dtype):
+    """TF's C++ DataTypeString of a tf.DType ("float", "double", "int32", "string"...)."""
+    return _CPP_NAMES.get(dtype.name, dtype.name)
 
 
-def _check_shape_against_signature(key, dims, tensor_info):
-    if tensor_info is None or tensor_info.tensor_shape.unknown_rank:
-        return
-    expected = [d.size for d in tensor_info.tensor_shape.dim]
-    if len(dims) != len(expected) or any(e >= 0 and e != d for e, d in zip(expected, dims)):
-        raise errors.invalid("input %r has shape %s; the signature expects %s (-1: any)",
-                             key, dims, expected)
+def array_dtype(array):
+    """The tf.DType of an ndarray (object and bytes arrays are strings)."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return tf.string
+    dtype = _NUMPY_DTYPES.get(array.dtype)
+    if dtype is None:
+        dtype = _NUMPY_DTYPES[array.dtype] = tf.dtypes.as_dtype(array.dtype)
+    return dtype
+
+
+def parsing_error(key):
+    """What TF Serving answers for a TensorProto Tensor::FromProto refuses."""
+    return errors.invalid("tensor parsing error: %s", key)
 
 
 def element_count(key, dims, limit):
-    """Product of `dims`, refusing (before multiplying further) once it passes `limit`."""
+    """Elements of a tensor of `dims` -> int; refuses (before multiplying further) once the
+    product passes `limit`, INVALID_ARGUMENT naming the limit."""
     count = 1
     for dim in dims:
         if dim == 0:
@@ -107,59 +118,92 @@ def element_count(key, dims, limit):
     return count
 
 
-def check_proto(key, proto, tensor_info=None, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS,
-                max_broadcast=DEFAULT_MAX_BROADCAST_ELEMENTS):
-    """Validates `proto` without allocating its array; returns (dtype, dims, count).
+def _valid_shape(dims):
+    """TensorShape::IsValid for a fully defined shape: rank, no negative dimension, and a
+    running product that never overflows int64 (a 0 early keeps it 0)."""
+    if len(dims) > MAX_DIMENSIONS:
+        return False
+    product = 1
+    for dim in dims:
+        if dim < 0:
+            return False
+        product *= dim
+        if product > _INT64_MAX:
+            return False
+    return True
 
-    tensor_info: the signature's TensorInfo for `key` (None: payload checks only).
-    """
+
+def check_rank(key, dims):
+    """Ranks TF takes (up to 254) but numpy arrays, which carry every tensor here, do not."""
+    if len(dims) > MAX_ARRAY_RANK:
+        raise errors.invalid("input %r has %d dimensions; this server takes at most %d "
+                             "(numpy's limit; TensorFlow allows %d)", key, len(dims),
+                             MAX_ARRAY_RANK, MAX_DIMENSIONS)
+
+
+def _representable(key, dims, itemsize):
+    """numpy needs the product of the non-zero dimensions (times the item size) to fit its
+    index type even when a 0 makes the tensor empty; TF does not. Such shapes are refused
+    here (the one shape TF Serving takes that this server cannot)."""
+    product = itemsize
+    for dim in dims:
+        product *= dim or 1
+        if product > _INT64_MAX:
+            raise errors.invalid(
+                "input %r has shape %s: it holds no elements, but its non-zero dimensions "
+                "multiply past 2^63 bytes, which this server cannot represent", key, dims)
+
+
+def _string_content(content, count):
+    """The strings of a DT_STRING tensor_content (TF's EncodeStringList: `count` varint32
+    lengths, then the bytes), or None when it is not exactly that."""
+    pos, lengths = 0, []
     try:
-        dtype = as_dtype(proto.dtype)
+        for _ in range(count):
+            length, pos = _read_varint(content, pos)
+            lengths.append(length)
+    except IndexError:
+        return None
+    if pos + sum(lengths) != len(content):
+        return None
+    out = []
+    for length in lengths:
+        out.append(bytes(content[pos:pos + length]))
+        pos += length
+    return out
+
+
+def check_proto(key, proto, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS,
+                max_broadcast=DEFAULT_MAX_BROADCAST_ELEMENTS):
+    """Validates `proto` as Tensor::FromProto would, and against this server's bounds,
+    without allocating its array; returns (dtype, dims, count)."""
+    try:
+        dtype = as_dtype(proto.dtype) if proto.dtype else None
     except TypeError:
         dtype = None
+    if dtype is None:  # DT_INVALID or an enum TF does not know: FromProto fails
+        raise parsing_error(key)
     if dtype not in _TYPED:
         raise errors.invalid("input %r has %s, which this server does not accept (takes %s)",
-                             key, _dtype_name(proto.dtype), _SUPPORTED)
-    if tensor_info is not None and as_dtype(tensor_info.dtype) != dtype:
-        raise errors.invalid("Expects arg[%s] to be %s but %s is provided", key,
-                             signature_dtype(tensor_info).name, dtype.name)
-    shape = proto.tensor_shape
-    if shape.unknown_rank:
-        raise errors.invalid("input %r has an unknown rank; a TensorProto sent as input needs "
-                             "its dimensions", key)
-    dims = [d.size for d in shape.dim]
-    if any(d < 0 for d in dims):
-        raise errors.invalid("input %r has a negative dimension in shape %s", key, dims)
-    _check_shape_against_signature(key, dims, tensor_info)
+                             key, dtype.name, _SUPPORTED)
+    # A non-partial TensorShape ignores unknown_rank and reads the dimensions.
+    dims = [d.size for d in proto.tensor_shape.dim]
+    if not _valid_shape(dims):
+        raise parsing_error(key)
+    check_rank(key, dims)
     count = element_count(key, dims, max_elements)
-
-    field, _, per_element = _TYPED[dtype]
-    present = {f.name for f, _ in proto.ListFields()} - set(_META_FIELDS)
-    stray = present - {field, "tensor_content"}
-    if stray:
-        raise errors.invalid("input %r is %s but carries values in %s (%s takes %s or "
-                             "tensor_content)", key, dtype.name, ", ".join(sorted(stray)),
-                             dtype.name, field)
-    if "tensor_content" in present:
+    if count == 0:
+        _representable(key, dims, dtype.size if dtype != tf.string else 8)
+        return dtype, dims, 0
+    if proto.tensor_content:  # used whenever present; the typed fields are then ignored
         if dtype == tf.string:
-            raise errors.invalid("input %r: a string tensor cannot use tensor_content", key)
-        if field in present:
-            raise errors.invalid("input %r carries both tensor_content and %s; send one",
-                                 key, field)
-        size = len(proto.tensor_content)
-        if size != count * dtype.size:
-            raise errors.invalid("input %r has shape %s (%d elements of %d bytes) but "
-                                 "tensor_content holds %d bytes", key, dims, count,
-                                 dtype.size, size)
+            if _string_content(proto.tensor_content, count) is None:
+                raise parsing_error(key)
+        elif len(proto.tensor_content) != count * dtype.size:
+            raise parsing_error(key)
         return dtype, dims, count
-    values = len(getattr(proto, field))
-    if values % per_element:
-        raise errors.invalid("input %r: %s needs %d numbers per element, got %d", key, field,
-                             per_element, values)
-    values //= per_element
-    if values > count:
-        raise errors.invalid("input %r has shape %s (%d elements) but carries %d values in %s",
-                             key, dims, count, values, field)
+    field, _, per_element = _TYPED[dtype]
+    values = len(getattr(proto, field)) // per_element
     if values < count and count > max_broadcast:
         raise errors.invalid(
             "input %r has shape %s (%d elements) but carries %d values in %s; filling the "
@@ -206,74 +250,87 @@ def _packed_fixed_width(proto, field, read_as):
     return np.frombuffer(raw, dtype=np.dtype(read_as).newbyteorder("<"))
 
 
+def _fill(flat, count):
+    """TF's FromProtoField: the first `count` values, the last one repeated past the
+    end, zeros when there are none."""
+    if flat.size >= count:
+        return flat[:count]
+    fill = np.zeros(count, dtype=flat.dtype)
+    fill[:flat.size] = flat
+    if flat.size:
+        fill[flat.size:] = flat[-1]
+    return fill
+
+
 def _from_typed_field(proto, dtype, dims, count):
-    field, read_as, _ = _TYPED[dtype]
+    field, read_as, per_element = _TYPED[dtype]
     values = getattr(proto, field)
-    if field in _FIXED_WIDTH.values() and len(values) == count and count > 64:
+    if field in _FIXED_WIDTH.values() and len(values) >= count > 64:
         flat = _packed_fixed_width(proto, field, read_as)
-        if flat is not None and flat.size == count:
-            return flat.astype(read_as, copy=False).reshape(dims)
+        if flat is not None and flat.size == len(values):
+            return flat[:count].astype(read_as, copy=False).reshape(dims)
     if dtype == tf.string:
         flat = np.empty(count, dtype=object)
-        if len(values) == count:
-            flat[:] = list(values)
-        elif count:
-            # TF's fill: the given values, then the last repeated (b"" when there are none).
-            given = list(values)
-            flat[:len(given)] = given
+        given = list(values[:count])
+        flat[:len(given)] = given
+        if len(given) < count:  # TF's fill: the last value repeated (b"" when none)
             flat[len(given):] = given[-1] if given else b""
         return flat.reshape(dims)
-    flat = np.fromiter(values, dtype=read_as, count=len(values))
+    if per_element == 2:  # complex: (real, imaginary) pairs; an odd last number ignored
+        pairs = np.fromiter(values, dtype=read_as,
+                            count=len(values) // 2 * 2).reshape(-1, 2)
+        flat = (pairs[:, 0] + 1j * pairs[:, 1]).astype(dtype.as_numpy_dtype)
+        return _fill(flat, count).reshape(dims)
+    given = min(len(values), count)
+    flat = np.fromiter(values[:given] if given < len(values) else values, dtype=read_as,
+                       count=given)
     if dtype in (tf.float16, tf.bfloat16):
         flat = flat.astype(np.uint16).view(dtype.as_numpy_dtype)
     elif flat.dtype != dtype.as_numpy_dtype:
         flat = flat.astype(dtype.as_numpy_dtype)  # int_val narrows like TF's static_cast
-    if flat.size != count:
-        fill = np.zeros(count, dtype=flat.dtype)
-        fill[:flat.size] = flat
-        if flat.size:
-            fill[flat.size:] = flat[-1]
-        flat = fill
-    return flat.reshape(dims)
+    return _fill(flat, count).reshape(dims)
 
 
-def from_proto(key, proto, tensor_info=None, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS,
+def from_proto(key, proto, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS,
                max_broadcast=DEFAULT_MAX_BROADCAST_ELEMENTS):
     """TensorProto -> ndarray, validated (check_proto) before anything is allocated."""
-    dtype, dims, count = check_proto(key, proto, tensor_info, max_elements, max_broadcast)
-    return _decode(key, proto, dtype, dims, count)
+    dtype, dims, count = check_proto(key, proto, max_elements, max_broadcast)
+    return _decode(proto, dtype, dims, count)
 
 
-def _decode(key, proto, dtype, dims, count):
+def _decode(proto, dtype, dims, count):
     """The array of a proto check_proto has passed as (dtype, dims, count)."""
+    if count == 0:
+        return np.empty(dims, dtype=object if dtype == tf.string else dtype.as_numpy_dtype)
     if proto.tensor_content:
+        if dtype == tf.string:
+            flat = np.empty(count, dtype=object)
+            flat[:] = _string_content(proto.tensor_content, count)
+            return flat.reshape(dims)
         # Host byte order, as TF itself reads tensor_content. Read-only, which feeding
         # TF and batching (np.concatenate) never mind.
         return np.frombuffer(proto.tensor_content, dtype=dtype.as_numpy_dtype).reshape(dims)
-    if dtype in (tf.complex64, tf.complex128):
-        try:  # rare; validated above, so make_ndarray allocates at most `count` elements
-            return tf.make_ndarray(proto)
-        except (TypeError, ValueError) as error:
-            raise errors.invalid("input %r is not a valid TensorProto: %s", key,
-                                 error) from None
     return _from_typed_field(proto, dtype, dims, count)
 
 
-def decode_inputs(inputs, signature_inputs, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS,
+def decode_inputs(inputs, signature_inputs=None, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS,
                   max_broadcast=DEFAULT_MAX_BROADCAST_ELEMENTS):
     """{key: TensorProto} -> {key: ndarray}; every proto is checked, and the request's
-    total element count bounded, before the first array is allocated."""
+    total element count bounded, before the first array is allocated.
+
+    signature_inputs: accepted for callers that have it; as in TF Serving, the protos
+    are not checked against the signature (the graph decides when they run)."""
+    del signature_inputs
     total, checked = 0, []
     for key, proto in inputs.items():
-        dtype, dims, count = check_proto(key, proto, signature_inputs.get(key), max_elements,
-                                         max_broadcast)
+        dtype, dims, count = check_proto(key, proto, max_elements, max_broadcast)
         total += count
         if total > max_elements:
             raise errors.invalid("request inputs total more than %d elements, over this "
                                  "server's limit of %d elements per request "
                                  "(max_request_elements)", max_elements, max_elements)
         checked.append((key, proto, dtype, dims, count))
-    return {key: _decode(key, proto, dtype, dims, count)
+    return {key: _decode(proto, dtype, dims, count)
             for key, proto, dtype, dims, count in checked}
 
 
@@ -284,22 +341,6 @@ def check_request_size(feeds, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS):
         raise errors.invalid("request inputs total %d elements, over this server's limit of "
                              "%d elements per request (max_request_elements)", total,
                              max_elements)
-
-
-def check_input(key, array, tensor_info):
-    """Raises INVALID_ARGUMENT unless `array` fits the signature input `key`."""
-    expected = signature_dtype(tensor_info)
-    got = _NUMPY_DTYPES.get(array.dtype) if array.dtype != object else tf.string
-    if got is None:
-        got = _NUMPY_DTYPES[array.dtype] = tf.dtypes.as_dtype(array.dtype)
-    if expected != got:
-        raise errors.invalid("Expects arg[%s] to be %s but %s is provided", key,
-                             expected.name, got.name)
-    _check_shape_against_signature(key, list(array.shape), tensor_info)
-    if array.ndim == 0:
-        raise errors.invalid("input %r is a scalar; a batch dimension is required", key)
-    if array.shape[0] == 0:
-        raise errors.invalid("input %r has an empty batch (0 rows)", key)
 
 
 def _varint(value):
@@ -354,84 +395,3 @@ def fill_proto(proto, array):
 
 def to_proto(array):
     return fill_proto(tensor_pb2.TensorProto(), array)
-
-
-def _json_shape(key, value, max_rank, max_elements):
-    """Shape of a nested JSON list, checked rectangular and bounded level by level
-    (iteratively: no recursion for a client to exhaust)."""
-    dims = []
-    level = [value]
-    while level and isinstance(level[0], list):
-        width = len(level[0])
-        for item in level:
-            if not isinstance(item, list) or len(item) != width:
-                raise errors.invalid(
-                    "input %r is ragged: at depth %d lists have different lengths (or mix "
-                    "lists and values); a tensor needs every row the same length", key,
-                    len(dims))
-        dims.append(width)
-        if len(dims) > max_rank:
-            raise errors.invalid("input %r nests lists deeper than %d levels", key, max_rank)
-        count = 1
-        for dim in dims:
-            count *= dim
-        if count > max_elements:
-            raise errors.invalid("input %r has more than %d elements, over this server's "
-                                 "limit (max_request_elements)", key, max_elements)
-        level = [x for item in level for x in item]
-    if any(isinstance(item, list) for item in level):
-        raise errors.invalid("input %r is ragged: lists and values mixed at depth %d", key,
-                             len(dims))
-    return dims, level
-
-
-def _decode_string(value, key):
-    if isinstance(value, dict):
-        if set(value) != {"b64"}:
-            raise errors.invalid("input %r: an object value must be {\"b64\": ...}", key)
-        try:
-            return base64.b64decode(value["b64"], validate=True)
-        except (ValueError, TypeError):
-            raise errors.invalid("input %r: \"b64\" value is not valid base64", key) from None
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    raise errors.invalid("input %r expects strings, got %s", key, type(value).__name__)
-
-
-def from_json(key, value, tensor_info, max_elements=DEFAULT_MAX_REQUEST_ELEMENTS):
-    """A REST JSON value (already batched) -> ndarray of the signature's dtype.
-
-    Nesting depth (the signature's rank, else MAX_JSON_RANK), raggedness and the element
-    count are checked before the array is built.
-    """
-    dtype = signature_dtype(tensor_info)
-    shape = tensor_info.tensor_shape
-    max_rank = MAX_JSON_RANK if shape.unknown_rank else len(shape.dim)
-    dims, leaves = _json_shape(key, value, max_rank, max_elements)
-    if dtype == tf.string:
-        flat = np.empty(len(leaves), dtype=object)
-        flat[:] = [_decode_string(leaf, key) for leaf in leaves]
-        return flat.reshape(dims)
-    for leaf in leaves:
-        if not isinstance(leaf, (int, float)):  # bool is an int
-            raise errors.invalid("input %r cannot be read as %s: %r is not a number", key,
-                                 dtype.name, leaf if not isinstance(leaf, (dict, str))
-                                 else type(leaf).__name__)
-    try:
-        return np.array(leaves, dtype=dtype.as_numpy_dtype).reshape(dims)
-    except (TypeError, ValueError, OverflowError) as error:
-        raise errors.invalid("input %r cannot be read as %s: %s", key, dtype.name,
-                             error) from None
-
-
-def to_json(key, array):
-    """ndarray -> JSON-ready lists; strings are UTF-8 text, or {"b64"} for *_bytes keys."""
-    if array.dtype == object or array.dtype.kind in ("S", "O"):
-        def convert(value):
-            if isinstance(value, bytes):
-                if key.endswith("_bytes"):
-                    return {"b64": base64.b64encode(value).decode("ascii")}
-                return value.decode("utf-8", "replace")
-            return value
-        return np.vectorize(convert, otypes=[object])(array).tolist() if array.size else []
-    return array.tolist()
