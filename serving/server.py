@@ -24,6 +24,7 @@ from slimserve.serving.api import http_server
 from slimserve.serving.api import tls
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
+from slimserve.serving.config import platform
 from slimserve.serving.config import session
 from slimserve.serving.core import batching as batching_lib
 from slimserve.serving.core import errors
@@ -37,6 +38,9 @@ PICK_FREE_PORT = options_lib.PICK_FREE_PORT  # bind any free port; ModelServer r
 _MAX_MESSAGE = 2 ** 31 - 1
 # The services TF Serving registers with the standard health service, plus the
 # full names grpc_health_probe users pass, plus "" (the whole server).
+# The metric naming each loaded version's precision and XLA setting (slimserve's own:
+# TF Serving only logs "Running inference with bfloat16 auto mixed precision").
+MODEL_RUNTIME = ":slimserve:serving:model_runtime"
 HEALTH_SERVICES = ("", "ModelService", "PredictionService", "tensorflow.serving.ModelService",
                    "tensorflow.serving.PredictionService")
 
@@ -122,15 +126,26 @@ def _model_configs(options):
     return [model_config.ServedModel(options.model_name, options.model_base_path)], None
 
 
-def _batching(options):
-    if options.batching_parameters is not None:
-        options.batching_parameters.check()
-        return options.batching_parameters
-    if not options.enable_batching:
-        return None
-    if options.batching_parameters_file:
-        return batching_lib.BatchingParameters.from_file(options.batching_parameters_file)
-    return batching_lib.BatchingParameters()
+def model_runtime_lines(manager):
+    """Prometheus lines naming what every loaded version computes in: the precision
+    (--mixed_precision) and whether XLA compiles it (--xla_cpu_compilation_enabled), as
+    an info-style gauge a dashboard can join on model_name and model_version."""
+    lines = ["# TYPE %s gauge" % MODEL_RUNTIME]
+    for name in manager.model_names:
+        for number in manager.available_versions(name):
+            try:
+                servable = manager.acquire(name, number)
+            except errors.ServingError:
+                continue  # unloaded since it was listed
+            try:
+                lines.append('%s{model_name="%s",model_version="%d",precision="%s",'
+                             'xla_cpu_jit="%s"} 1' % (
+                                 MODEL_RUNTIME, name.replace("\\", "\\\\").replace('"', '\\"'),
+                                 number, servable.precision,
+                                 "true" if servable.xla_jit else "false"))
+            finally:
+                servable.release()
+    return lines
 
 
 def _ssl_config(options):
@@ -163,21 +178,25 @@ class ModelServer:
         _check(options)
         self.options = options
         configs, self._config_loaded = _model_configs(options)
-        batching = _batching(options)
         ssl_config = _ssl_config(options)
         monitoring = _monitoring_path(options)
         channel_arguments = parse_channel_arguments(options.grpc_channel_arguments)
         for name, value in options_lib.changed_without_effect(options):
             logging.warning("--%s=%s is accepted for TF Serving compatibility and has no "
                             "effect here", name, value)
-        tags = tuple(t for t in options.saved_model_tags.split(",") if t) or None
+        # SessionBundleConfig: --platform_config_file's, or composed from the flags
+        settings = platform.bundle_settings(options)
+        self.settings = settings
+        batching = settings.batching
         self.metrics = metrics_lib.Metrics()
         self.manager = manager_lib.ModelManager(
-            configs, options.enable_model_warmup, session.session_config(options),
+            configs, settings.enable_model_warmup, session.session_config(options, settings),
             options.max_num_load_retries, options.load_retry_interval_micros,
             options.num_load_threads, options.allow_version_labels_for_unavailable_models,
             on_change=self.metrics.model_event, on_load=self.metrics.model_load,
-            saved_model_tags=tags)
+            saved_model_tags=settings.saved_model_tags,
+            batching_for=(lambda path: batching_lib.parameters_for_version(
+                path, batching, settings.per_model_batching)) if batching else None)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
                                              self.metrics.observe_queue_wait)
                         if batching else None)
@@ -188,6 +207,7 @@ class ModelServer:
         self._sync_request_loggers(configs)
         self.metrics.add_collector(
             lambda: metrics_lib.request_log_lines(self.service.request_loggers))
+        self.metrics.add_collector(lambda: model_runtime_lines(self.manager))
         self._stopping = threading.Event()
         self._config_thread = None
         self._reload_lock = threading.Lock()  # one model-set change at a time

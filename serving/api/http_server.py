@@ -180,7 +180,8 @@ class RestServer:
     """The REST front end: a bound waitress server driven by one loop thread.
 
     num_threads: app threads (TF Serving's --rest_api_num_threads; default 4 per CPU).
-    timeout_ms: inference answering later gets 504 (--rest_api_timeout_in_ms; <=0: none).
+    timeout_ms: --rest_api_timeout_in_ms, the deadline of each request's inference
+        (cancelled and answered 504 past it; <=0: none).
     max_body_bytes: larger bodies get 413 before they are read.
     connection_limit: open connections; past it the longest-idle one is closed.
     idle_timeout_seconds: a connection with no request in flight and no bytes moving for
@@ -200,7 +201,7 @@ class RestServer:
                read_timeout_seconds) < 1:
             raise ValueError("REST connection_limit, max_body_bytes, idle_timeout_seconds and "
                              "read_timeout_seconds must be positive")
-        self.api = rest_api.RestApi(service, metrics, monitoring_path, timeout_ms, threads,
+        self.api = rest_api.RestApi(service, metrics, monitoring_path, timeout_ms,
                                     enable_cors)
         self._server = _Server(
             wsgi_app(self.api), host=address, port=port, threads=threads,
@@ -236,7 +237,6 @@ class RestServer:
         if self._thread is None:
             self._server.close()
             self._server.task_dispatcher.shutdown(timeout=0)
-            self.api.close(wait=False)
             return True
         drained = False
         while True:
@@ -254,9 +254,6 @@ class RestServer:
         self._thread.join(max(1.0, deadline - time.monotonic()))
         dispatcher = self._server.task_dispatcher
         dispatcher.shutdown(cancel_pending=True, timeout=max(0.5, deadline - time.monotonic()))
-        # A run that outlived its timeout may still be going: it is not waited for here
-        # (the interpreter joins it at exit; its session stays open until it returns).
-        self.api.close(wait=False)
         return drained and not dispatcher.threads
 
 

@@ -185,15 +185,20 @@ class InferenceService:
             return
         logger.enqueue(api, request, response, model_spec)
 
-    def _run(self, servable, signature_name, signature_def, feeds, output_keys):
+    def _run(self, servable, signature_name, signature_def, feeds, output_keys, deadline):
         if self.batcher is not None:
-            return self.batcher.run(servable, signature_name, signature_def, feeds, output_keys)
-        return servable.run(signature_def, feeds, output_keys)
+            return self.batcher.run(servable, signature_name, signature_def, feeds,
+                                    output_keys, deadline)
+        return servable.run(signature_def, feeds, output_keys, deadline)
 
-    def predict(self, name, version, label, signature_name, feeds, output_filter=()):
+    def predict(self, name, version, label, signature_name, feeds, output_filter=(),
+                deadline=None):
         """feeds: {key: ndarray}, or a function of the signature's inputs map returning
         it (gRPC decodes its TensorProtos against the signature of the very version that
-        runs them, with one servable lookup) -> (version, signature name, {key: ndarray})."""
+        runs them, with one servable lookup) -> (version, signature name, {key: ndarray}).
+        deadline (core.deadlines.Deadline or None): the run is cancelled when it passes,
+        as TF Serving's RunOptions.timeout_in_ms (also for classify, regress and
+        multi_inference)."""
         with self._servable(name, version, label) as servable:
             signature_name, sig = servable.signature(signature_name, "predict")
             if callable(feeds):
@@ -224,7 +229,7 @@ class InferenceService:
                     raise errors.invalid("duplicate output tensor alias: %s", alias)
                 seen.add(alias)
             output_keys = sorted(output_filter or sig.outputs)
-            outputs = self._run(servable, signature_name, sig, feeds, output_keys)
+            outputs = self._run(servable, signature_name, sig, feeds, output_keys, deadline)
             return servable.version, signature_name, outputs
 
     @staticmethod
@@ -235,28 +240,33 @@ class InferenceService:
         array[:] = list(serialized_examples)
         return array
 
-    def classify(self, name, version, label, signature_name, serialized_examples):
+    def classify(self, name, version, label, signature_name, serialized_examples,
+                 deadline=None):
         """-> (version, signature name, classes [B,C] bytes or None, scores [B,C] or None)."""
         with self._servable(name, version, label) as servable:
             signature_name, sig = servable.signature(signature_name, "classify")
             keys = check_classification_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
-            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
+            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys,
+                                deadline)
             classes, scores = classification_result(len(examples), outputs.get(CLASSES),
                                                     outputs.get(SCORES))
             return servable.version, signature_name, classes, scores
 
-    def regress(self, name, version, label, signature_name, serialized_examples):
+    def regress(self, name, version, label, signature_name, serialized_examples,
+                deadline=None):
         """-> (version, signature name, outputs float32 [B])."""
         with self._servable(name, version, label) as servable:
             signature_name, sig = servable.signature(signature_name, "regress")
             keys = check_regression_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
-            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
+            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys,
+                                deadline)
             return servable.version, signature_name, regression_result(len(examples),
                                                                         outputs[OUTPUTS])
 
-    def multi_inference(self, tasks, serialized_examples, version=None, label=None):
+    def multi_inference(self, tasks, serialized_examples, version=None, label=None,
+                        deadline=None):
         """Several classify / regress signatures of one model over one input, run once.
 
         tasks: [(model name, signature name, method name)]; version / label: the first
@@ -303,7 +313,7 @@ class InferenceService:
             for key in fetch_keys.values():
                 run_sig.outputs[key].CopyFrom(feeds_sig.outputs[key])
             fetched = servable.run(run_sig, {k: examples for k in inputs.values()},
-                                   sorted(fetch_keys.values()))
+                                   sorted(fetch_keys.values()), deadline)
 
             def value(index, key):
                 full = "%d/%s" % (index, key)

@@ -66,7 +66,7 @@ class ModelManager:
     def __init__(self, configs, warmup=True, session_config=None, max_num_load_retries=5,
                  load_retry_interval_micros=DEFAULT_LOAD_RETRY_INTERVAL_MICROS,
                  num_load_threads=0, allow_version_labels_for_unavailable_models=False,
-                 on_change=None, on_load=None, saved_model_tags=None):
+                 on_change=None, on_load=None, saved_model_tags=None, batching_for=None):
         """
         Args:
           configs: [ServedModel] served from the first poll on.
@@ -83,11 +83,15 @@ class ModelManager:
             every load attempt (warmup_seconds None when no warmup ran).
           saved_model_tags: the meta graph's tags (TF Serving's --saved_model_tags);
             default `serve`.
+          batching_for: callback(version dir) -> the version's batching parameters
+            (core/batching.py's parameters_for_version), set on each loaded servable; a
+            failure fails the load.
         """
         _check_unique(configs)
         self._warmup = warmup
         self._session_config = session_config
         self._tags = list(saved_model_tags) if saved_model_tags else None
+        self._batching_for = batching_for
         self._max_retries = max_num_load_retries
         self._retry_interval = load_retry_interval_micros / 1e6
         self._allow_unavailable_labels = allow_version_labels_for_unavailable_models
@@ -179,6 +183,8 @@ class ModelManager:
         servable, load_seconds, warmup_seconds, warmed = None, 0.0, None, 0
         try:
             servable = Servable(name, version.number, path, self._session_config, self._tags)
+            if self._batching_for is not None:
+                servable.batching_parameters = self._batching_for(path)
             load_seconds = time.monotonic() - started
             if self._warmup and tf.io.gfile.exists(os.path.join(path, WARMUP_PATH)):
                 warmed = servable.warm_up()
