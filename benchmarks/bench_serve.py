@@ -500,16 +500,20 @@ def served_probabilities(target, images):
 
 
 def parse_variants(texts):
-    """["NAME=FLAGS", ...] -> [(name, precision, [flags])]; the precision (fp32, bf16, xla)
-    is read off the flags (a name may also use @DIR first: that checkout's server)."""
+    """["NAME[@LEVELS]=FLAGS", ...] -> [(name, precision, [flags], levels or None)]; the
+    precision (fp32, bf16, xla) is read off the flags; LEVELS (e.g. @8 or @8,16) limits
+    the variant's rows to those concurrencies (a config tuned for one); FLAGS may start
+    with @DIR: that checkout's server."""
     variants = []
     for text in texts:
         name, _, flags = text.partition("=")
+        name, _, levels = name.partition("@")
         flags = flags.split()
         precision = ("bf16" if "--mixed_precision=bfloat16" in flags else
                      "xla" if any(f.startswith("--xla_cpu_compilation_enabled") and
                                   not f.endswith("false") for f in flags) else "fp32")
-        variants.append((name.strip(), precision, flags))
+        variants.append((name.strip(), precision, flags,
+                         [int(x) for x in levels.split(",")] if levels else None))
     return variants
 
 
@@ -525,12 +529,12 @@ def limit_section(args, photos):
         base = trained_export(model_dir, size)
         export_dir = os.path.join(base, str(writer.list_versions(base)[-1]))
         images = (photos if size >= 96 else digits)[:64]  # what the load sends
-        precisions = sorted({p for _, p, _ in variants} | {"fp32"},
+        precisions = sorted({v[1] for v in variants} | {"fp32"},
                             key=list(PRECISION_FLAGS).index)
         limits = {p: InProcessLimit(export_dir, p, images) for p in precisions}
         servers = {}
         try:
-            for name, _, flags in variants:
+            for name, _, flags, _ in variants:
                 root = flags[0][1:] if flags and flags[0].startswith("@") else None
                 servers[name] = start_server(base, False, None, root=root,
                                              extra_args=flags[1:] if root else flags)
@@ -549,7 +553,7 @@ def limit_table(args, size, variants, limits, servers, images, digits):
     # agreement with float32 on every validation digit, served end to end
     reference = limits["fp32"].probabilities(digits)
     agreement = {}
-    for name, _, _ in variants:
+    for name, _, _, _ in variants:
         got = served_probabilities(servers[name][1], digits)
         agreement[name] = (float(np.mean(got.argmax(1) == reference.argmax(1))),
                            float(np.abs(got - reference).max()))
@@ -562,6 +566,7 @@ def limit_table(args, size, variants, limits, servers, images, digits):
     for precision, limit in limits.items():
         rates = {b: limit.rate(b, args.limit_seconds / 2) for b in batches}
         limit.batch = max(rates, key=rates.get)
+        limit.by_batch = rates
         print("%dx%d %s in-process img/s by batch: %s -> best %d" % (
             size, size, precision, ", ".join("%d: %.1f" % kv for kv in rates.items()),
             limit.batch), flush=True)
@@ -569,7 +574,8 @@ def limit_table(args, size, variants, limits, servers, images, digits):
     for _, target, _ in servers.values():  # warm each server at every batch size it forms
         closed_loop(target, requests, max(levels), 2.0, warmup=0.5)
     rows = [("limit", p, None) for p in limits] + [
-        (name, precision, level) for level in levels for name, precision, _ in variants]
+        (name, precision, level) for level in levels for name, precision, _, only in variants
+        if only is None or level in only]
     seen = {row: [] for row in rows}
     batch_rows = {}
     for round_index in range(args.rounds):
@@ -603,6 +609,11 @@ def limit_table(args, size, variants, limits, servers, images, digits):
         latencies = [x for r in seen[row] for x in r["latencies_ms"]]
         rows_batches = batch_rows.get(row)
         agree = agreement["limit " + precision if level is None else name]
+        # c clients can form batches of at most c: the in-process rate at the best such
+        # batch (from the search) is what serving could reach at that concurrency
+        by_batch = limits[precision].by_batch
+        reachable = max((r for b, r in by_batch.items() if level is None or b <= level),
+                        default=float("nan")) / max(by_batch.values())
         table.append([
             "in-process, best batch %d" % limits[precision].batch if level is None else name,
             precision, level or "", "%.1f" % np.median(rates),
@@ -610,7 +621,8 @@ def limit_table(args, size, variants, limits, servers, images, digits):
             "%.1f" % np.percentile(latencies, 99) if latencies else "",
             "%.2f" % (rows_batches[0] / rows_batches[1]) if rows_batches and rows_batches[1]
             else "", sum(r["errors"] for r in seen[row]),
-            "**%.2f**" % np.median(rates / limit_rates), vs_fp32,
+            "**%.2f**" % np.median(rates / limit_rates),
+            "%.2f" % (np.median(rates / limit_rates) / reachable), vs_fp32,
             "%.4f" % agree[0], "%.4f" % agree[1]])
     common.table(
         "%dx%d, trained digits resnet_v1_50 (%d steps), batch-1 requests from closed-loop "
@@ -618,12 +630,14 @@ def limit_table(args, size, variants, limits, servers, images, digits):
         "%.0f s, order rotating)" % (size, size, args.digits_steps, os.cpu_count(),
         args.rounds, args.limit_seconds),
         ["path", "precision", "concurrency", "img/s", "p50 ms", "p99 ms", "mean batch",
-         "errors", "vs limit", "vs fp32", "agreement", "max |dp|"], table)
+         "errors", "vs limit", "vs batch <= c", "vs fp32", "agreement", "max |dp|"], table)
     print("(img/s: median over the rounds; vs limit: median of per-round img/s / the "
-          "in-process best-batch img/s of the same precision; vs fp32: the same against "
-          "the float32 row of the same path; agreement / max |dp|: argmax agreement and "
-          "largest probability difference with in-process float32 on all %d validation "
-          "digits, sent through that path)" % len(digits))
+          "in-process best-batch img/s of the same precision; vs batch <= c: vs limit "
+          "divided by what in-process reaches at the best batch no larger than the "
+          "concurrency (c closed-loop clients never form a larger batch; from the batch "
+          "search); vs fp32: the same against the float32 row of the same path; agreement "
+          "/ max |dp|: argmax agreement and largest probability difference with in-process "
+          "float32 on all %d validation digits, sent through that path)" % len(digits))
 
 
 def batch_totals(metrics_url):
@@ -677,11 +691,14 @@ def main():
     parser.add_argument("--digits_steps", type=int, default=DIGITS_STEPS,
                         help="limit section: training steps of the digits model.")
     parser.add_argument("--variant", action="append", default=[],
-                        help="limit section: 'NAME=SERVER FLAGS' (repeat), e.g. 'bf16 "
-                             "defaults=--enable_batching --mixed_precision=bfloat16'; the "
-                             "precision is read off the flags; '@DIR' first runs that "
-                             "checkout's server. Default: fp32, bf16 and xla with "
-                             "--enable_batching's defaults.")
+                        help="limit section: 'NAME[@LEVELS]=SERVER FLAGS' (repeat), e.g. "
+                             "'bf16 tuned@8=--enable_batching --batching_parameters_file="
+                             "benchmarks/batching_224.config --mixed_precision=bfloat16'; the "
+                             "precision is read off the flags; @LEVELS: only at those "
+                             "concurrencies; '@DIR' first in the flags runs that checkout's "
+                             "server. 'vs fp32' compares a row with the fp32 row whose name "
+                             "has the same words after the first. Default: fp32, bf16 and "
+                             "xla with --enable_batching's defaults.")
     args = parser.parse_args()
     if not args.variant:
         args.variant = ["%s defaults=--enable_batching %s" % (p, " ".join(f))
