@@ -59,6 +59,8 @@ setup(
         # with; 2.61-2.71 pin grpcio < 1.66. Python 3.9 gets the last Beam for it.
         "beam": ["apache-beam>=2.72,<3; python_version>='3.10'",
                  "apache-beam>=2.61,<2.72; python_version<'3.10'"],
+        # benchmarks/profile_server.py samples a loaded server's Python stacks with it
+        "dev": ["py-spy>=0.3"],
     },
     entry_points={"console_scripts": [
         "slimserve-convert=slimserve.cli.convert:run",

@@ -1,12 +1,16 @@
-"""Profiles slimserve-server under load with py-spy (dev only: pip install py-spy): the
-server runs as its own process under py-spy (memory-capped), loaded at one concurrency
-by a gRPC client, and py-spy's top functions are printed as text.
+"""Profiles slimserve-server under load with py-spy (dev only: pip install -e .[dev]):
+the server runs as its own process under py-spy (memory-capped), loaded at one
+concurrency by a gRPC client, and py-spy's top functions are printed as text.
 
     python benchmarks/profile_server.py --model tiny --concurrency 32 --seconds 15
     python benchmarks/profile_server.py --model digits --concurrency 1 --seconds 15
+    python benchmarks/profile_server.py --model digits --image_size 224 --concurrency 8 \
+        --server_args "--enable_batching" --idle
 
 `tiny` is tests/tiny_models.py's SavedModel (inference costs ~nothing: the server's own
-per-request work shows); `digits` is resnet_v1_50 at 32x32 as bench_serve.py makes it.
+per-request work shows); `digits` is resnet_v1_50 at --image_size (32) as bench_serve.py
+makes it. By default only samples of threads holding the GIL count (where the server's
+Python time goes); --idle counts every thread's samples (where threads wait).
 """
 import argparse
 import collections
@@ -87,8 +91,10 @@ def main():
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--idle", action="store_true", help="Include idle threads.")
     parser.add_argument("--server_args", default="", help="Extra server flags.")
+    parser.add_argument("--image_size", type=int, default=32, help="digits: input side.")
     args = parser.parse_args()
-    base, request = tiny_request() if args.model == "tiny" else digits_request()
+    base, request = (tiny_request() if args.model == "tiny"
+                     else digits_request(args.image_size))
     name = "tiny" if args.model == "tiny" else "resnet"
     port = free_port()
     raw = os.path.join(common.work_dir("profiles"), "%s-c%d.txt" % (args.model,

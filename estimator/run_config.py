@@ -8,6 +8,7 @@ import os
 
 import tensorflow as tf
 
+from slimserve import compute
 from slimserve.cpu import cpu_supports_bf16  # noqa: F401  (one check for training and serving)
 from slimserve.estimator import compat
 
@@ -18,9 +19,11 @@ DISTRIBUTIONS = ("auto", "none", "mirrored", "collective")
 def session_config(xla=False, precision="fp32", intra_op_threads=0, inter_op_threads=0):
     """ConfigProto with XLA and graph-rewrite mixed precision when asked for.
 
-    bf16 uses oneDNN's auto-mixed-precision rewrite (CPUs with AVX512_BF16/AMX);
-    fp16 uses the CUDA auto-mixed-precision rewrite (GPUs). Variables stay fp32,
-    so checkpoints and exports are the same as an fp32 run's.
+    bf16 uses oneDNN's auto-mixed-precision rewrite (CPUs with AVX512_BF16/AMX), built by
+    the same function as the server's --mixed_precision=bfloat16; fp16 uses the CUDA
+    auto-mixed-precision rewrite (GPUs). Variables stay fp32, so checkpoints and exports
+    are the same as an fp32 run's. xla: XLA:CPU auto-clustering, as the server's
+    --xla_cpu_compilation_enabled.
     """
     if precision not in PRECISIONS:
         raise ValueError("--precision must be one of %s, got %r" % (PRECISIONS, precision))
@@ -29,30 +32,13 @@ def session_config(xla=False, precision="fp32", intra_op_threads=0, inter_op_thr
                                       inter_op_parallelism_threads=inter_op_threads)
     config.gpu_options.allow_growth = True
     rewrite = config.graph_options.rewrite_options
-    on = rewrite.ON if hasattr(rewrite, "ON") else 1
     if precision == "bf16":
-        if cpu_supports_bf16() is False and not tf.config.list_physical_devices("GPU"):
-            logging.warning("--precision=bf16: this CPU has neither AVX512_BF16 nor AMX, "
-                            "so oneDNN emulates bf16; expect no speed-up")
-        rewrite.auto_mixed_precision_onednn_bfloat16 = on
+        compute.enable_bfloat16(config, "--precision=bf16")
     elif precision == "fp16":
-        rewrite.auto_mixed_precision = on
+        rewrite.auto_mixed_precision = rewrite.ON if hasattr(rewrite, "ON") else 1
     if xla:
-        config.graph_options.optimizer_options.global_jit_level = (
-            tf.compat.v1.OptimizerOptions.ON_1)
-        enable_cpu_auto_jit()
+        compute.enable_xla_cpu_jit(config)
     return config
-
-
-def enable_cpu_auto_jit():
-    """global_jit_level clusters only GPU ops; CPU ops also need
-    TF_XLA_FLAGS=--tf_xla_cpu_global_jit. TensorFlow reads that variable once, when it
-    first sets up devices or a session, so train.py calls this before anything else."""
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    if "--tf_xla_cpu_global_jit" not in flags:
-        os.environ["TF_XLA_FLAGS"] = (flags + " --tf_xla_cpu_global_jit").strip()
-        logging.info("--xla: TF_XLA_FLAGS=%s (CPU ops are compiled too)",
-                     os.environ["TF_XLA_FLAGS"])
 
 
 def split_cpu(replicas):

@@ -127,7 +127,10 @@ class ServerOptions:
     batching_parameters_file: str = _flag("", "Text-format BatchingParameters "
                                           "(max_batch_size { value: 8 } ...).")
     enable_per_model_batching_parameters: bool = _flag(
-        False, "Per-model batching_params.pbtxt (no effect here).", no_effect=True)
+        False, "With --enable_batching, each version is batched by its own "
+        "assets.extra/batching_params.pbtxt (versions without one are not batched); only "
+        "num_batch_threads comes from --batching_parameters_file (the batch threads are "
+        "shared).")
     # --- TensorFlow session ---------------------------------------------------------------
     tensorflow_session_parallelism: int = _flag(
         0, "Threads for both of TF's pools, unless the two below are given.", lower_bound=0)
@@ -139,9 +142,12 @@ class ServerOptions:
         "", "Text-format tensorflow.ConfigProto for the model sessions.")
     per_process_gpu_memory_fraction: float = _flag(
         0.0, "Fraction of GPU memory each process takes (0: TF's default).")
-    mixed_precision: str = _flag("", "Mixed precision mode (no effect here).", no_effect=True)
-    xla_cpu_compilation_enabled: bool = _flag(False, "XLA:CPU JIT (no effect here).",
-                                              no_effect=True)
+    mixed_precision: str = _flag("", "bfloat16: oneDNN's auto-mixed-precision rewrite on "
+                                 "every model session (convolutions and matmuls in bfloat16; "
+                                 "fast on CPUs with AVX512_BF16/AMX, emulated and slow "
+                                 "elsewhere). Empty: float32.")
+    xla_cpu_compilation_enabled: bool = _flag(False, "XLA:CPU JIT: auto-clusters every model "
+                                              "session's graph and compiles it with XLA.")
     max_request_elements: int = _flag(
         tensors.DEFAULT_MAX_REQUEST_ELEMENTS, "Elements one Predict request may carry, summed over "
         "its inputs (gRPC and REST); more is INVALID_ARGUMENT. Default 2^26: 256 MiB of "
@@ -164,8 +170,11 @@ class ServerOptions:
     # --- other runtimes and services ------------------------------------------------------
     monitoring_config_file: str = _flag("", "Text-format MonitoringConfig: prometheus_config "
                                         "{ enable: true path: ... }.")
-    platform_config_file: str = _flag("", "PlatformConfigMap (no effect here).",
-                                      no_effect=True)
+    platform_config_file: str = _flag(
+        "", "Text-format PlatformConfigMap whose \"tensorflow\" platform packs a "
+        "SavedModelBundleSourceAdapterConfig: its SessionBundleConfig (session config, "
+        "batching parameters, warmup options, tags, mixed precision) replaces the flags "
+        "that would compose it, as in TF Serving.")
     prefer_tflite_model: bool = _flag(
         False, "Serve a version from the model.tflite in its directory (TensorFlow Lite, "
         "tf.lite.Interpreter) instead of its saved_model.pb; versions without one still "
@@ -184,8 +193,10 @@ class ServerOptions:
     profiler_max_duration_ms: int = _flag(
         60000, "Longest profile (and start delay) a ProfilerService client may ask for; "
         "longer is INVALID_ARGUMENT.", lower_bound=1, slimserve_only=True)
-    thread_pool_factory_config_file: str = _flag("", "ThreadPoolConfig (no effect here).",
-                                                 no_effect=True)
+    thread_pool_factory_config_file: str = _flag(
+        "", "Text-format ThreadPoolFactoryConfig whose Any holds a "
+        "tensorflow.ThreadPoolOptionProto (num_threads, global_name): the inter-op thread "
+        "pool every model run uses (TF Serving's build registers no factory).")
     skip_initialize_tpu: bool = _flag(False, "Skip TPU initialisation (no effect here).",
                                       no_effect=True)
     # --- in process only: the parsed form of a *_file flag (give one or the other) -------
@@ -200,6 +211,8 @@ class ServerOptions:
     ssl_config: typing.Any = _parsed("An SSLConfig message instead of --ssl_config_file.")
     session_config: typing.Any = _parsed("A tensorflow.ConfigProto instead of "
                                          "--tensorflow_session_config_file.")
+    platform_config: typing.Any = _parsed("A PlatformConfigMap (config/messages.py) "
+                                          "instead of --platform_config_file.")
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)

@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health
 from grpc_health.v1 import health_pb2
 from grpc_health.v1 import health_pb2_grpc
+from prometheus_client.core import GaugeMetricFamily
 
 from slimserve.serving import options as options_lib
 from slimserve.serving.api import addresses
@@ -26,6 +27,7 @@ from slimserve.serving.api import profiler_service
 from slimserve.serving.api import tls
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
+from slimserve.serving.config import platform
 from slimserve.serving.config import session
 from slimserve.serving.core import batching as batching_lib
 from slimserve.serving.core import errors
@@ -41,6 +43,9 @@ PICK_FREE_PORT = options_lib.PICK_FREE_PORT  # bind any free port; ModelServer r
 _MAX_MESSAGE = 2 ** 31 - 1
 # The services TF Serving registers with the standard health service, plus the
 # full names grpc_health_probe users pass, plus "" (the whole server).
+# The metric naming each loaded version's precision and XLA setting (slimserve's own:
+# TF Serving only logs "Running inference with bfloat16 auto mixed precision").
+MODEL_RUNTIME = ":slimserve:serving:model_runtime"
 HEALTH_SERVICES = ("", "ModelService", "PredictionService", "tensorflow.serving.ModelService",
                    "tensorflow.serving.PredictionService")
 
@@ -142,15 +147,25 @@ def _request_log_dir(options):
     return path
 
 
-def _batching(options):
-    if options.batching_parameters is not None:
-        options.batching_parameters.check()
-        return options.batching_parameters
-    if not options.enable_batching:
-        return None
-    if options.batching_parameters_file:
-        return batching_lib.BatchingParameters.from_file(options.batching_parameters_file)
-    return batching_lib.BatchingParameters()
+def model_runtime_family(manager):
+    """A gauge naming what every loaded version computes in: the precision
+    (--mixed_precision) and whether XLA compiles it (--xla_cpu_compilation_enabled), as
+    an info-style gauge a dashboard can join on model_name and model_version."""
+    family = GaugeMetricFamily(
+        MODEL_RUNTIME, "What each loaded version computes in (1 per version).",
+        labels=["model_name", "model_version", "precision", "xla_cpu_jit"])
+    for name in manager.model_names:
+        for number in manager.available_versions(name):
+            try:
+                servable = manager.acquire(name, number)
+            except errors.ServingError:
+                continue  # unloaded since it was listed
+            try:
+                family.add_metric([name, str(number), servable.precision,
+                                   "true" if servable.xla_jit else "false"], 1)
+            finally:
+                servable.release()
+    return family
 
 
 def _ssl_config(options):
@@ -198,25 +213,29 @@ class ModelServer:
         # the only ones a ReloadConfigRequest may use (see _plan_request_logs).
         self._operator_prefixes = frozenset()
         log_plan = self._plan_request_logs(configs, where, from_operator=True)
-        batching = _batching(options)
         ssl_config = _ssl_config(options)
         monitoring = _monitoring_path(options)
         channel_arguments = parse_channel_arguments(options.grpc_channel_arguments)
         for name, value in options_lib.changed_without_effect(options):
             logging.warning("--%s=%s is accepted for TF Serving compatibility and has no "
                             "effect here", name, value)
-        tags = tuple(t for t in options.saved_model_tags.split(",") if t) or None
+        # SessionBundleConfig: --platform_config_file's, or composed from the flags
+        settings = platform.bundle_settings(options)
+        self.settings = settings
+        batching = settings.batching
         self.metrics = metrics_lib.Metrics()
         self.manager = manager_lib.ModelManager(
-            configs, options.enable_model_warmup, session.session_config(options),
+            configs, settings.enable_model_warmup, session.session_config(options, settings),
             options.max_num_load_retries, options.load_retry_interval_micros,
             options.num_load_threads, options.allow_version_labels_for_unavailable_models,
             on_change=self.metrics.model_event, on_load=self.metrics.model_load,
-            saved_model_tags=tags, tflite=tflite_servable.TfLiteOptions(
+            saved_model_tags=settings.saved_model_tags, tflite=tflite_servable.TfLiteOptions(
                 options.num_tflite_pools, options.num_tflite_interpreters_per_pool)
             if options.prefer_tflite_model else None,
             num_unload_threads=options.num_unload_threads,
-            warmup_iterations=options.num_request_iterations_for_warmup or 1)
+            warmup_iterations=settings.warmup_iterations,
+            batching_for=(lambda path: batching_lib.parameters_for_version(
+                path, batching, settings.per_model_batching)) if batching else None)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
                                              self.metrics.observe_queue_wait)
                         if batching else None)
@@ -230,6 +249,7 @@ class ModelServer:
         self._apply_request_logs(log_plan)
         self._operator_prefixes = frozenset(prefix for prefix, _ in log_plan.values())
         self.metrics.add_collector(self._request_log_families)
+        self.metrics.add_collector(lambda: [model_runtime_family(self.manager)])
         self._config_error = None  # the last failed edit of --model_config_file, logged once
         self._stopping = threading.Event()
         self._config_thread = None

@@ -1,7 +1,8 @@
 """--precision=bf16 and --xla really change how the network runs on this CPU, and
 the answers hold: bf16 runs the convolutions in bfloat16 with a trained model's
-predictions kept; XLA compiles clusters of a training step (on a CPU that needs
-TF_XLA_FLAGS, which run_config sets) and computes the same loss before and after it."""
+predictions kept; XLA compiles clusters of a training step (on a CPU, which needs
+TensorFlow's CPU auto-jit switch, which run_config sets) and computes the same loss before
+and after it."""
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from slimserve.estimator import schema
 from slimserve.export import signatures
 from tests.helpers import ROOT
 
-# XLA reads TF_XLA_FLAGS at the first session of a process, so this runs in a fresh one.
+# Runs in a fresh process with TF_XLA_FLAGS empty: only run_config's switch turns XLA on.
 _XLA_PROBE = """
 import dataclasses, json
 import numpy as np, tensorflow as tf

@@ -130,7 +130,7 @@ def test_batching_file_reads_tf_serving_grammar(tmp_path):
 @pytest.mark.parametrize("text, expected", [
     ("max_batch_size { value: 8 }\nmax_batch_sise { value: 8 }\n", '"max_batch_sise"'),
     ("max_batch_size: 8\n", 'Expected "{"'),
-    ("max_batch_size { value: -1 }\n", "max_batch_size and num_batch_threads must be >= 1"),
+    ("max_batch_size { value: -1 }\n", "max_batch_size must be positive; was -1"),
 ])
 def test_bad_batching_file_names_flag_file_and_field(tmp_path, text, expected):
     path = tmp_path / "batching.config"

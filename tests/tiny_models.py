@@ -71,3 +71,72 @@ def tiny_example(x0, x1):
     """A serialized tf.Example the classify/regress signatures accept."""
     return tf.train.Example(features=tf.train.Features(feature={
         "x": tf.train.Feature(float_list=tf.train.FloatList(value=[x0, x1]))}))
+
+
+def _save(path, graph, signatures, init=None):
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(init if init is not None else tf.compat.v1.global_variables_initializer())
+        builder = tf.compat.v1.saved_model.Builder(path)
+        builder.add_meta_graph_and_variables(
+            session, [tf.saved_model.SERVING], signature_def_map=signatures)
+        builder.save()
+    return path
+
+
+SPIN_ITERATIONS = 10 ** 7  # ~15 us each here: minutes, unless the run is cancelled
+
+
+def write_spin_model(base_path, version=1):
+    """A model whose `spin` signature runs a loop of SPIN_ITERATIONS steps, each adding 1
+    to a counter variable, and whose `count` signature reads that counter: a run that is
+    cancelled stops counting, one that is not keeps counting.
+
+        spin:  x float [-1, 1] -> y = x + iterations run         [-1, 1]
+        count: x float [-1, 1] -> count = the counter, per row    [-1]
+    """
+    path = os.path.join(base_path, str(version))
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
+        counter = tf.compat.v1.get_variable("counter", [], tf.int64, trainable=False,
+                                            initializer=tf.zeros_initializer(),
+                                            use_resource=True)
+
+        def body(i):
+            with tf.control_dependencies([counter.assign_add(1)]):
+                return i + 1
+
+        steps = tf.while_loop(lambda i: i < SPIN_ITERATIONS, body,
+                              [tf.constant(0, tf.int64)], parallel_iterations=1)
+        y = x + tf.cast(steps, tf.float32)
+        count = tf.fill([tf.shape(x)[0]], counter.read_value())
+        info = tf.compat.v1.saved_model.utils.build_tensor_info
+        build = tf.compat.v1.saved_model.signature_def_utils.build_signature_def
+        signatures = {"spin": build({"x": info(x)}, {"y": info(y)}, PREDICT_METHOD),
+                      "count": build({"x": info(x)}, {"count": info(count)}, PREDICT_METHOD)}
+        return _save(path, graph, signatures)
+
+
+def write_batch_probe_model(base_path, version=1):
+    """A model that reports the batch it ran in, for batching tests:
+
+        serving_default: x float [-1, -1] -> rows = the run's batch size, per row   [-1]
+                                             width = the run's dimension 1, per row [-1]
+                                             total = sum of each row                [-1]
+                                             echo = x                            [-1, -1]
+    """
+    path = os.path.join(base_path, str(version))
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, None], name="x")
+        shape = tf.shape(x)
+        rows = tf.fill([shape[0]], shape[0])
+        width = tf.fill([shape[0]], shape[1])
+        total = tf.reduce_sum(x, axis=1)
+        echo = tf.identity(x)
+        info = tf.compat.v1.saved_model.utils.build_tensor_info
+        signatures = {"serving_default": tf.compat.v1.saved_model.signature_def_utils
+                      .build_signature_def({"x": info(x)}, {
+                          "rows": info(rows), "width": info(width), "total": info(total),
+                          "echo": info(echo)}, PREDICT_METHOD)}
+        return _save(path, graph, signatures, tf.no_op())

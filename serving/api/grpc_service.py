@@ -12,6 +12,7 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.apis import regression_pb2
 
+from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 from slimserve.serving.api import protos
 from slimserve.serving.core import inference as service_lib
@@ -76,7 +77,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
                 version, sig_name, outputs = service.predict(
                     name, version, label, request.model_spec.signature_name, decode,
-                    list(request.output_filter))
+                    list(request.output_filter),
+                    deadline=deadlines.Deadline.from_grpc(context))
                 call.version, call.signature = version, sig_name
         except errors.ServingError as error:
             return _abort(context, error)
@@ -93,7 +95,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             with self._service.observe(name, "classify") as call:
                 version, sig_name, classes, scores = self._service.classify(
                     name, version, label, request.model_spec.signature_name,
-                    serialized_examples(request.input))
+                    serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
                 call.version, call.signature = version, sig_name
         except errors.ServingError as error:
             return _abort(context, error)
@@ -109,7 +111,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             with self._service.observe(name, "regress") as call:
                 version, sig_name, outputs = self._service.regress(
                     name, version, label, request.model_spec.signature_name,
-                    serialized_examples(request.input))
+                    serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
                 call.version, call.signature = version, sig_name
         except errors.ServingError as error:
             return _abort(context, error)
@@ -128,7 +130,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 tasks = [(t.model_spec.name, t.model_spec.signature_name, t.method_name)
                          for t in request.tasks]
                 name, version, results = self._service.multi_inference(
-                    tasks, serialized_examples(request.input), version, label)
+                    tasks, serialized_examples(request.input), version, label,
+                    deadlines.Deadline.from_grpc(context))
                 call.version = version
         except errors.ServingError as error:
             return _abort(context, error)

@@ -301,7 +301,8 @@ class RestServer:
     """The REST front end: a bound waitress server driven by one loop thread.
 
     num_threads: app threads (TF Serving's --rest_api_num_threads; default 4 per CPU).
-    timeout_ms: inference answering later gets 504 (--rest_api_timeout_in_ms; <=0: none).
+    timeout_ms: --rest_api_timeout_in_ms, the deadline of each request's inference
+        (cancelled and answered 504 past it; <=0: none).
     max_body_bytes: larger bodies get 413 before they are read.
     connection_limit: open connections; at it, while a client waits, the longest-idle
         connections are closed, or else the slowest partial requests.
@@ -330,7 +331,7 @@ class RestServer:
                              "positive")
         if min_request_bytes_per_second < 0:
             raise ValueError("REST min_request_bytes_per_second must be >= 0")
-        self.api = rest_api.RestApi(service, metrics, monitoring_path, timeout_ms, threads,
+        self.api = rest_api.RestApi(service, metrics, monitoring_path, timeout_ms,
                                     enable_cors)
         self._server = _Server(
             wsgi_app(self.api), host=address, port=port, threads=threads,
@@ -369,7 +370,6 @@ class RestServer:
         if self._thread is None:
             self._server.close()
             self._server.task_dispatcher.shutdown(timeout=0)
-            self.api.close(wait=False)
             return True
         drained = False
         while True:
@@ -387,9 +387,6 @@ class RestServer:
         self._thread.join(max(1.0, deadline - time.monotonic()))
         dispatcher = self._server.task_dispatcher
         dispatcher.shutdown(cancel_pending=True, timeout=max(0.5, deadline - time.monotonic()))
-        # A run that outlived its timeout may still be going: it is not waited for here
-        # (the interpreter joins it at exit; its session stays open until it returns).
-        self.api.close(wait=False)
         return drained and not dispatcher.threads
 
 

@@ -17,13 +17,13 @@ Transport-free, as TF Serving's http_rest_api_handler is apart from its http_ser
 `RestApi.handle(method, path, headers, body)` -> (status, headers, body); the waitress
 server that carries it is http_server.py.
 """
-import concurrent.futures
 import os
 import re
 import urllib.parse
 
 import grpc
 
+from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 from slimserve.serving.api import json_writer
 from slimserve.serving.api import protos
@@ -64,12 +64,6 @@ NOT_FOUND_BODY = (b"<HTML><HEAD>\n<TITLE>404 Not Found</TITLE>\n</HEAD><BODY>\n"
                   b"<H1>Not Found</H1>\n</BODY></HTML>\n")
 
 
-def _deadline_exceeded(timeout_ms):
-    return errors.ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                               "Deadline exceeded: the request ran longer than "
-                               "rest_api_timeout_in_ms=%d" % timeout_ms)
-
-
 def _spec(name, version, label):
     name = urllib.parse.unquote(name) if name else name
     label = urllib.parse.unquote(label) if label else None
@@ -93,21 +87,16 @@ class RestApi:
     """Method + raw path + body -> (HTTP status, headers, body); no transport in here."""
 
     def __init__(self, service, metrics=None, monitoring_path=None, timeout_ms=30000,
-                 inference_threads=None, enable_cors=False):
+                 enable_cors=False):
+        """timeout_ms: --rest_api_timeout_in_ms; a request's inference gets what is left
+        of it as its deadline (core/deadlines.py: the session run is cancelled when it
+        passes, and the request answered 504 DEADLINE_EXCEEDED); <= 0: none."""
         self._service = service
         self._headers = JSON_HEADERS + (_CORS if enable_cors else [])
         self._metrics = metrics
         self._monitoring_path = monitoring_path
         self._timeout_ms = timeout_ms
-        # A request that outlives timeout_ms is answered 504 while its run finishes here;
-        # at most one run per app thread, so this pool is as bounded as the app's.
-        self._inference = (concurrent.futures.ThreadPoolExecutor(
-            inference_threads or default_num_threads(), thread_name_prefix="rest-inference")
-            if timeout_ms and timeout_ms > 0 else None)
-
-    def close(self, wait=True):
-        if self._inference is not None:
-            self._inference.shutdown(wait=wait, cancel_futures=True)
+        self._timeout_source = "rest_api_timeout_in_ms=%d" % timeout_ms
 
     def handle(self, method, path, headers, body):
         """headers: a dict with lower-case keys (only "origin" is read)."""
@@ -156,8 +145,10 @@ class RestApi:
                        "regress": self._regress}.get(verb)
             if handler is None:
                 raise malformed
+            deadline = deadlines.Deadline.after_ms(self._timeout_ms, self._timeout_source)
             with self._service.observe(name, verb, "REST") as call:
-                return handler(name, version, label, rest_json.parse_body(body), call)
+                return handler(name, version, label, rest_json.parse_body(body), call,
+                               deadline)
         if method == "GET":
             match = _STATUS_PATH.fullmatch(path)
             if not match:
@@ -173,18 +164,7 @@ class RestApi:
             return rest_json.status_response(self._service.status(name, version))
         raise malformed
 
-    def _run(self, function, *args):
-        """Runs inference, answering DEADLINE_EXCEEDED past timeout_ms as TF Serving does."""
-        if self._inference is None:
-            return function(*args)
-        future = self._inference.submit(function, *args)
-        try:
-            return future.result(self._timeout_ms / 1000.0)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise _deadline_exceeded(self._timeout_ms) from None
-
-    def _predict(self, name, version, label, body, call):
+    def _predict(self, name, version, label, body, call, deadline):
         given = rest_json.signature_name(body, "")
         decoded = {}
 
@@ -195,30 +175,30 @@ class RestApi:
                 body, sig, given, self._service.max_request_elements)
             return decoded["feeds"]
 
-        served, sig_name, outputs = self._run(self._service.predict, name, version, label,
-                                              given or service_lib.DEFAULT_SIGNATURE, decode,
-                                              (), "rest_predict")
+        served, sig_name, outputs = self._service.predict(
+            name, version, label, given or service_lib.DEFAULT_SIGNATURE, decode,
+            api="rest_predict", deadline=deadline)
         feeds, row_format = decoded["feeds"], decoded["rows"]
         call.version, call.signature = served, sig_name
         self._service.log_request(name, "predict", lambda: _logged(
             protos.predict_pair(name, served, sig_name, feeds, outputs)))
         return rest_json.predict_response(outputs, row_format)
 
-    def _classify(self, name, version, label, body, call):
+    def _classify(self, name, version, label, body, call, deadline):
         sig_name = rest_json.signature_name(body, service_lib.DEFAULT_SIGNATURE)
         examples = rest_json.serialized_examples(body)
-        served, sig_name, classes, scores = self._run(
-            self._service.classify, name, version, label, sig_name, examples)
+        served, sig_name, classes, scores = self._service.classify(
+            name, version, label, sig_name, examples, deadline)
         call.version, call.signature = served, sig_name
         self._service.log_request(name, "classify", lambda: _logged(
             protos.classify_pair(name, served, sig_name, examples, classes, scores)))
         return rest_json.classify_response(classes, scores)
 
-    def _regress(self, name, version, label, body, call):
+    def _regress(self, name, version, label, body, call, deadline):
         sig_name = rest_json.signature_name(body, service_lib.DEFAULT_SIGNATURE)
         examples = rest_json.serialized_examples(body)
-        served, sig_name, values = self._run(self._service.regress, name, version, label,
-                                             sig_name, examples)
+        served, sig_name, values = self._service.regress(name, version, label, sig_name,
+                                                         examples, deadline)
         call.version, call.signature = served, sig_name
         self._service.log_request(name, "regress", lambda: _logged(
             protos.regress_pair(name, served, sig_name, examples, values)))

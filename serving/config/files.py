@@ -1,7 +1,7 @@
 """The one reader of TF Serving's text-format config files.
 
-Every `--*_file` flag (model config, batching parameters, monitoring, SSL, session config)
-is read here, once, by protobuf's own text_format into TF Serving's message, so a file the
+Every `--*_file` flag (model config, batching parameters, platform config, thread pool
+factory config, monitoring, SSL, session config) is read here, once, by protobuf's own text_format into TF Serving's message, so a file the
 real tensorflow_model_server accepts parses the same way and a bad one fails the same way:
 with TF Serving's wording (`Error parsing text-format tensorflow.serving.ModelServerConfig:
 1:1: ...`, what its log shows and what log matching looks for), behind the flag and the file
@@ -25,7 +25,9 @@ def parse_text(text, message_class, where):
     """Text-format `text` -> a new `message_class`; `where` names the source in errors."""
     message = message_class()
     try:
-        text_format.Parse(text, message)
+        # the message's own pool resolves the type of an expanded Any ([type.googleapis.com/
+        # tensorflow.serving.SavedModelBundleSourceAdapterConfig] { ... })
+        text_format.Parse(text, message, descriptor_pool=message_class.DESCRIPTOR.file.pool)
     except text_format.ParseError as error:
         position = ""
         if error.GetLine() is not None:
@@ -60,6 +62,14 @@ def read_model_server_config(path, flag="model_config_file"):
 
 def read_batching_parameters(path, flag="batching_parameters_file"):
     return read_text(path, messages.BatchingParameters, flag)
+
+
+def read_platform_config(path, flag="platform_config_file"):
+    return read_text(path, messages.PlatformConfigMap, flag)
+
+
+def read_thread_pool_factory_config(path, flag="thread_pool_factory_config_file"):
+    return read_text(path, messages.ThreadPoolFactoryConfig, flag)
 
 
 def read_monitoring_config(path, flag="monitoring_config_file"):

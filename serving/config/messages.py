@@ -1,20 +1,29 @@
 """TF Serving's config messages that the tensorflow-serving-api wheel does not ship
-(BatchingParameters, MonitoringConfig, SSLConfig), so their text-format files are
-parsed by protobuf's own text_format exactly as tensorflow_model_server parses them:
-an unknown field is an error naming it, and wrapper values (`{ value: 8 }`) parse.
+(BatchingParameters, SessionBundleConfig, PlatformConfigMap, ThreadPoolFactoryConfig,
+MonitoringConfig, SSLConfig), so their text-format files are parsed by protobuf's own
+text_format exactly as tensorflow_model_server parses them: an unknown field is an error
+naming it, wrapper values (`{ value: 8 }`) and expanded Any values
+(`[type.googleapis.com/tensorflow.serving.SavedModelBundleSourceAdapterConfig] { ... }`)
+parse.
 
 Field names and numbers are those of TF Serving 2.15.1's
-servables/tensorflow/session_bundle_config.proto, config/monitoring_config.proto and
-config/ssl_config.proto. The descriptors live in a private pool, so a future wheel
-that ships the same messages cannot clash with them.
+servables/tensorflow/session_bundle_config.proto, saved_model_bundle_source_adapter.proto,
+thread_pool_factory_config.proto, config/platform_config.proto,
+config/monitoring_config.proto and config/ssl_config.proto. The descriptors live in a
+private pool (POOL; TensorFlow's ConfigProto and NamedTensorProto are copied into it), so
+a future wheel that ships the same messages cannot clash with them.
 """
+from google.protobuf import any_pb2
 from google.protobuf import descriptor_pb2
 from google.protobuf import descriptor_pool
 from google.protobuf import message_factory
 from google.protobuf import wrappers_pb2
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.core.protobuf import named_tensor_pb2
 
 _PACKAGE = "tensorflow.serving"
 _F = descriptor_pb2.FieldDescriptorProto
+_MAP = "map"  # a map field: (key type name, value message type) in the label's place
 
 _MESSAGES = {
     # name: [(field, number, type, label, message type or None)]
@@ -35,6 +44,59 @@ _MESSAGES = {
         ("max_execution_batch_size", 9, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
          ".google.protobuf.Int64Value"),
     ],
+    "ModelWarmupOptions": [
+        ("num_request_iterations", 1, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".google.protobuf.Int32Value"),
+        ("num_model_warmup_threads", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".google.protobuf.Int32Value"),
+        ("model_name", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("model_version", 4, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+        ("enable_all_batch_sizes_warmup", 5, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
+    ],
+    "SessionBundleConfig": [
+        ("session_target", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("session_config", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, ".tensorflow.ConfigProto"),
+        ("batching_parameters", 3, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".tensorflow.serving.BatchingParameters"),
+        ("session_run_load_threadpool_index", 4, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".google.protobuf.Int32Value"),
+        ("experimental_transient_ram_bytes_during_load", 5, _F.TYPE_UINT64,
+         _F.LABEL_OPTIONAL, None),
+        ("saved_model_tags", 6, _F.TYPE_STRING, _F.LABEL_REPEATED, None),
+        ("experimental_fixed_input_tensors", 778, _F.TYPE_MESSAGE, _F.LABEL_REPEATED,
+         ".tensorflow.NamedTensorProto"),
+        ("enable_model_warmup", 779, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
+        ("model_warmup_options", 780, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".tensorflow.serving.ModelWarmupOptions"),
+        ("enable_session_metadata", 781, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
+        ("remove_unused_fields_from_bundle_metagraph", 782, _F.TYPE_BOOL, _F.LABEL_OPTIONAL,
+         None),
+        ("prefer_tflite_model", 783, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
+        ("resource_estimation_uses_validation_result", 784, _F.TYPE_BOOL, _F.LABEL_OPTIONAL,
+         None),
+        ("num_tflite_interpreters", 785, _F.TYPE_INT32, _F.LABEL_OPTIONAL, None),
+        ("num_tflite_interpreters_per_pool", 786, _F.TYPE_INT32, _F.LABEL_OPTIONAL, None),
+        ("num_tflite_pools", 787, _F.TYPE_INT32, _F.LABEL_OPTIONAL, None),
+        ("wrap_session_with_no_threading_params", 788, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
+        ("enable_per_model_batching_params", 789, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
+        ("enable_saved_model_config", 790, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
+        ("mixed_precision", 791, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+    ],
+    "SavedModelBundleSourceAdapterConfig": [
+        ("legacy_config", 1000, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".tensorflow.serving.SessionBundleConfig"),
+    ],
+    "PlatformConfig": [
+        ("source_adapter_config", 1, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".google.protobuf.Any"),
+    ],
+    "PlatformConfigMap": [
+        ("platform_configs", 1, _MAP, ("string", ".tensorflow.serving.PlatformConfig"), None),
+    ],
+    "ThreadPoolFactoryConfig": [
+        ("thread_pool_factory_config", 1, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL,
+         ".google.protobuf.Any"),
+    ],
     "PrometheusConfig": [
         ("enable", 1, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, None),
         ("path", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
@@ -52,23 +114,47 @@ _MESSAGES = {
 }
 
 
+def _add_file(pool, file_descriptor, added):
+    """Copies a generated .proto file (and, first, its imports) into `pool`."""
+    if file_descriptor.name in added:
+        return
+    for dependency in file_descriptor.dependencies:
+        _add_file(pool, dependency, added)
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(file_descriptor.serialized_pb))
+    added.add(file_descriptor.name)
+
+
 def _build():
     pool = descriptor_pool.DescriptorPool()
-    wrappers = descriptor_pb2.FileDescriptorProto.FromString(
-        wrappers_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(wrappers)
+    imports = (wrappers_pb2.DESCRIPTOR, any_pb2.DESCRIPTOR, config_pb2.DESCRIPTOR,
+               named_tensor_pb2.DESCRIPTOR)
+    added = set()
+    for file_descriptor in imports:
+        _add_file(pool, file_descriptor, added)
     file_proto = descriptor_pb2.FileDescriptorProto(
         name="slimserve/tfserving_config.proto", package=_PACKAGE, syntax="proto3",
-        dependency=[wrappers.name])
+        dependency=[f.name for f in imports])
     for name, fields in _MESSAGES.items():
         message = file_proto.message_type.add(name=name)
         for field, number, kind, label, type_name in fields:
+            if kind == _MAP:  # protobuf's encoding of map<K, V>: a repeated nested entry
+                key_type, value_type = label
+                entry_name = "".join(part.title() for part in field.split("_")) + "Entry"
+                map_entry = message.nested_type.add(name=entry_name)
+                map_entry.options.map_entry = True
+                map_entry.field.add(name="key", number=1, json_name="key", label=_F.LABEL_OPTIONAL,
+                                    type=getattr(_F, "TYPE_" + key_type.upper()))
+                map_entry.field.add(name="value", number=2, json_name="value",
+                                    label=_F.LABEL_OPTIONAL, type=_F.TYPE_MESSAGE,
+                                    type_name=value_type)
+                kind, label, type_name = (_F.TYPE_MESSAGE, _F.LABEL_REPEATED,
+                                          ".%s.%s.%s" % (_PACKAGE, name, entry_name))
             entry = message.field.add(name=field, number=number, type=kind, label=label,
                                       json_name=_camel(field))
             if type_name:
                 entry.type_name = type_name
     pool.Add(file_proto)
-    return {name: message_factory.GetMessageClass(
+    return pool, {name: message_factory.GetMessageClass(
         pool.FindMessageTypeByName("%s.%s" % (_PACKAGE, name))) for name in _MESSAGES}
 
 
@@ -77,8 +163,24 @@ def _camel(name):
     return head + "".join(part.title() for part in tail)
 
 
-_CLASSES = _build()
+POOL, _CLASSES = _build()
 BatchingParameters = _CLASSES["BatchingParameters"]
+ModelWarmupOptions = _CLASSES["ModelWarmupOptions"]
+SessionBundleConfig = _CLASSES["SessionBundleConfig"]
+SavedModelBundleSourceAdapterConfig = _CLASSES["SavedModelBundleSourceAdapterConfig"]
+PlatformConfig = _CLASSES["PlatformConfig"]
+PlatformConfigMap = _CLASSES["PlatformConfigMap"]
+ThreadPoolFactoryConfig = _CLASSES["ThreadPoolFactoryConfig"]
+# TensorFlow's own messages as copied into POOL (a SessionBundleConfig's session_config is
+# one of these; tensorflow_config() converts it to TensorFlow's class).
+ConfigProto = message_factory.GetMessageClass(POOL.FindMessageTypeByName(
+    "tensorflow.ConfigProto"))
+
+
+def tensorflow_config(config):
+    """A ConfigProto from POOL (e.g. SessionBundleConfig.session_config) as TensorFlow's
+    own tf.compat.v1.ConfigProto."""
+    return config_pb2.ConfigProto.FromString(config.SerializeToString())
 PrometheusConfig = _CLASSES["PrometheusConfig"]
 MonitoringConfig = _CLASSES["MonitoringConfig"]
 SSLConfig = _CLASSES["SSLConfig"]

@@ -1,13 +1,43 @@
 """The tf.ConfigProto every model session gets, composed from the options as
 tensorflow_model_server composes it: the session config file first, then the GPU memory
-fraction, then the thread counts (intra/inter, else session_parallelism for both)."""
+fraction, then the thread counts (intra/inter, else session_parallelism for both); then
+--mixed_precision (the oneDNN bfloat16 rewrite, as saved_model_bundle_factory.cc sets it)
+and --xla_cpu_compilation_enabled (XLA:CPU auto-clustering of the graph).
+
+The bfloat16 and XLA settings themselves live in slimserve/compute.py, shared with
+training (estimator/run_config.py) and export verification.
+"""
+import logging
+
 import tensorflow as tf
 
+from slimserve import compute
 from slimserve.serving.config import files
 
+# The bfloat16 and XLA settings themselves (shared with training and export verification)
+BFLOAT16, FLOAT32 = compute.BFLOAT16, compute.FLOAT32
+enable_bfloat16 = compute.enable_bfloat16
+precision = compute.precision
+xla_jit = compute.xla_jit
 
-def session_config(options):
-    """ServerOptions -> tf.compat.v1.ConfigProto; a ValueError names the flag at fault."""
+
+def apply_mixed_precision(config, mode, where="--mixed_precision"):
+    """--mixed_precision as TF Serving reads it: 'bfloat16' turns the rewrite on, empty
+    leaves float32, anything else is logged as unsupported (TF Serving's wording) and
+    runs in float32."""
+    if mode == BFLOAT16:
+        logging.info("Running inference with bfloat16 auto mixed precision")
+        enable_bfloat16(config, "%s=%s" % (where, mode))
+    elif mode:
+        logging.warning("%s auto mixed precision is not supported. Valid option: bfloat16",
+                        mode)
+    return config
+
+
+def base_session_config(options):
+    """The ConfigProto the session flags compose, before precision and XLA (what TF
+    Serving puts in SessionBundleConfig.session_config); a ValueError names the flag at
+    fault."""
     config = tf.compat.v1.ConfigProto()
     if options.session_config is not None:
         config.CopyFrom(options.session_config)
@@ -31,4 +61,60 @@ def session_config(options):
         config.intra_op_parallelism_threads, config.inter_op_parallelism_threads = intra, inter
     elif both > 0:
         config.intra_op_parallelism_threads = config.inter_op_parallelism_threads = both
+    return config
+
+
+def session_config(options, settings=None):
+    """ServerOptions -> the tf.compat.v1.ConfigProto of every model session: the session
+    config of `settings` (config/platform.py's BundleSettings: a platform config file's,
+    or the session flags') with its mixed precision, then
+    --xla_cpu_compilation_enabled and --thread_pool_factory_config_file."""
+    if settings is None:
+        config, mixed_precision = base_session_config(options), options.mixed_precision
+    else:
+        config, mixed_precision = settings.session_config, settings.mixed_precision
+    config = apply_mixed_precision(tf.compat.v1.ConfigProto.FromString(
+        config.SerializeToString()), mixed_precision)
+    if options.xla_cpu_compilation_enabled:
+        compute.enable_xla_cpu_jit(config)
+    if options.thread_pool_factory_config_file:
+        apply_thread_pool_factory(config, files.read_thread_pool_factory_config(
+            options.thread_pool_factory_config_file), "--thread_pool_factory_config_file %s"
+            % options.thread_pool_factory_config_file)
+    return config
+
+
+THREAD_POOL_TYPE = "tensorflow.ThreadPoolOptionProto"
+
+
+def apply_thread_pool_factory(config, factory_config, where):
+    """--thread_pool_factory_config_file where it maps onto TensorFlow's session pools.
+
+    TF Serving hands each Session::Run the inter- and intra-op thread pools a registered
+    ThreadPoolFactory makes (thread::ThreadPoolOptions, a C++-only argument); its own
+    build registers no factory, so there any file fails at start-up. Here the
+    thread_pool_factory_config Any may hold a tensorflow.ThreadPoolOptionProto
+    (num_threads, global_name): it becomes the inter-op pool every model run uses
+    (ConfigProto.session_inter_op_thread_pool, run option 0), shared by all models when
+    global_name is set, as a factory's pools are. Intra-op work stays on the session's
+    intra-op pool (intra_op_parallelism_threads): Python cannot pass a per-run one."""
+    from tensorflow.core.protobuf import config_pb2  # pylint: disable=import-outside-toplevel
+    packed = factory_config.thread_pool_factory_config
+    pool = config_pb2.ThreadPoolOptionProto()
+    if packed.TypeName() != THREAD_POOL_TYPE:
+        raise ValueError("%s: thread_pool_factory_config holds %r; the one thread pool "
+                         "factory here takes a %s (num_threads, global_name), which "
+                         "becomes the inter-op pool of every model run" % (
+                             where, packed.type_url or "nothing", THREAD_POOL_TYPE))
+    pool.ParseFromString(packed.value)
+    if pool.num_threads < 0:
+        raise ValueError("%s: num_threads must be >= 0 (0: one per core), got %d"
+                         % (where, pool.num_threads))
+    if config.session_inter_op_thread_pool:
+        raise ValueError("%s: the session config already lists session_inter_op_thread_pool;"
+                         " give the pool in one place" % where)
+    if config.use_per_session_threads:
+        raise ValueError("%s: use_per_session_threads in the session config disables "
+                         "session_inter_op_thread_pool" % where)
+    config.session_inter_op_thread_pool.add().CopyFrom(pool)
     return config

@@ -168,22 +168,6 @@ def check_feed_dtypes(servable, sig, feeds):
                                  tensors.type_string(expected), tensors.type_string(given))
 
 
-def check_batchable(feeds):
-    """What TF Serving's batching session requires of a request it batches
-    (batching_util.h ComputeTensorBatchSize)."""
-    if not feeds:
-        raise errors.invalid("Batching Run() must have at least one input tensor")
-    sizes = set()
-    for value in feeds.values():
-        if value.ndim == 0:
-            raise errors.invalid("Batching Run() input tensors must have at least one "
-                                 "dimension")
-        sizes.add(value.shape[0])
-    if len(sizes) > 1:
-        raise errors.invalid("Batching Run() input tensors must have equal 0th-dimension "
-                             "size")
-
-
 class _Call:
     """What `observe` learns about one request while it runs."""
     __slots__ = ("version", "signature")
@@ -259,14 +243,14 @@ class InferenceService:
             return
         logger.enqueue(api, request, response, model_spec)
 
-    def _run(self, servable, signature_name, signature_def, feeds, output_keys):
+    def _run(self, servable, signature_name, signature_def, feeds, output_keys, deadline):
         if self.batcher is not None:
-            check_batchable(feeds)
-            return self.batcher.run(servable, signature_name, signature_def, feeds, output_keys)
-        return servable.run(signature_def, feeds, output_keys)
+            return self.batcher.run(servable, signature_name, signature_def, feeds,
+                                    output_keys, deadline)
+        return servable.run(signature_def, feeds, output_keys, deadline)
 
     def predict(self, name, version, label, signature_name, feeds, output_filter=(),
-                api="predict"):
+                api="predict", deadline=None):
         """feeds: {key: ndarray}, or a function of the SignatureDef returning it (gRPC and
         REST read their tensors against the signature of the very version that runs them,
         with one servable lookup) -> (version, signature name, {key: ndarray}).
@@ -274,7 +258,10 @@ class InferenceService:
         As TF Serving's predict_util.cc: the inputs must name the signature's aliases (a
         missing one may come from the signature's defaults); shapes are not checked, the
         graph decides; a dtype other than the fed tensor's is Session::Run's error.
-        api: "rest_predict" answers a missing signature as TF Serving's REST API does."""
+        api: "rest_predict" answers a missing signature as TF Serving's REST API does.
+        deadline (core.deadlines.Deadline or None): the run is cancelled when it passes,
+        as TF Serving's RunOptions.timeout_in_ms (also for classify, regress and
+        multi_inference)."""
         with self._servable(name, version, label, signature_name) as servable:
             signature_name, sig = servable.signature(signature_name, api)
             if self.method_name_check and sig.method_name not in (
@@ -300,7 +287,7 @@ class InferenceService:
             check_feed_dtypes(servable, sig, feeds)
             output_keys = sorted(output_filter or sig.outputs)
             shape_check.check(servable, sig, feeds, output_keys)
-            outputs = self._run(servable, signature_name, sig, feeds, output_keys)
+            outputs = self._run(servable, signature_name, sig, feeds, output_keys, deadline)
             return servable.version, signature_name, outputs
 
     def _with_defaults(self, sig, feeds):
@@ -322,28 +309,33 @@ class InferenceService:
         array[:] = list(serialized_examples)
         return array
 
-    def classify(self, name, version, label, signature_name, serialized_examples):
+    def classify(self, name, version, label, signature_name, serialized_examples,
+                 deadline=None):
         """-> (version, signature name, classes [B,C] bytes or None, scores [B,C] or None)."""
         with self._servable(name, version, label, signature_name) as servable:
             signature_name, sig = servable.signature(signature_name, "classify")
             keys = check_classification_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
-            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
+            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys,
+                                deadline)
             classes, scores = classification_result(len(examples), outputs.get(CLASSES),
                                                     outputs.get(SCORES))
             return servable.version, signature_name, classes, scores
 
-    def regress(self, name, version, label, signature_name, serialized_examples):
+    def regress(self, name, version, label, signature_name, serialized_examples,
+                deadline=None):
         """-> (version, signature name, outputs float32 [B])."""
         with self._servable(name, version, label, signature_name) as servable:
             signature_name, sig = servable.signature(signature_name, "regress")
             keys = check_regression_signature(signature_name, sig, self.method_name_check)
             examples = self._examples(serialized_examples)
-            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys)
+            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys,
+                                deadline)
             return servable.version, signature_name, regression_result(len(examples),
                                                                         outputs[OUTPUTS])
 
-    def multi_inference(self, tasks, serialized_examples, version=None, label=None):
+    def multi_inference(self, tasks, serialized_examples, version=None, label=None,
+                        deadline=None):
         """Several classify / regress signatures of one model over one input, run once.
 
         tasks: [(model name, signature name, method name)]; version / label: the first
@@ -392,7 +384,7 @@ class InferenceService:
             for key in fetch_keys.values():
                 run_sig.outputs[key].CopyFrom(feeds_sig.outputs[key])
             fetched = servable.run(run_sig, {k: examples for k in inputs.values()},
-                                   sorted(fetch_keys.values()))
+                                   sorted(fetch_keys.values()), deadline)
 
             def value(index, key):
                 full = "%d/%s" % (index, key)

@@ -102,7 +102,7 @@ class ModelManager:
                  load_retry_interval_micros=DEFAULT_LOAD_RETRY_INTERVAL_MICROS,
                  num_load_threads=0, allow_version_labels_for_unavailable_models=False,
                  on_change=None, on_load=None, saved_model_tags=None, tflite=None,
-                 num_unload_threads=0, warmup_iterations=1):
+                 num_unload_threads=0, warmup_iterations=1, batching_for=None):
         """
         Args:
           configs: [ServedModel] served from the first poll on.
@@ -126,12 +126,16 @@ class ModelManager:
             0 unloads in the polling thread, as TF Serving's flag.
           warmup_iterations: times each warmup record is replayed
             (--num_request_iterations_for_warmup).
+          batching_for: callback(version dir) -> the version's batching parameters
+            (core/batching.py's parameters_for_version), set on each loaded servable; a
+            failure fails the load.
         """
         _check_unique(configs)
         self._warmup = warmup
         self._session_config = session_config
         self._tags = list(saved_model_tags) if saved_model_tags else None
         self._tflite = tflite.check() if tflite is not None else None
+        self._batching_for = batching_for
         self._max_retries = max_num_load_retries
         self._retry_interval = load_retry_interval_micros / 1e6
         self._allow_unavailable_labels = allow_version_labels_for_unavailable_models
@@ -245,6 +249,8 @@ class ModelManager:
         servable, load_seconds, warmup_seconds, warmed = None, 0.0, None, 0
         try:
             servable = self._servable(name, version.number, path)
+            if self._batching_for is not None:
+                servable.batching_parameters = self._batching_for(path)
             load_seconds = time.monotonic() - started
             if self._warmup and tf.io.gfile.exists(os.path.join(path, WARMUP_PATH)):
                 warmed = servable.warm_up(self._warmup_iterations)

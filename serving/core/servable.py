@@ -7,6 +7,7 @@ verification uses it too):
     servable = Servable.load("/models/resnet/3")
     name, signature_def = servable.signature("serving_default")
     outputs = servable.run(signature_def, {"image_bytes": images}, ["classes"])
+    outputs = servable.run(signature_def, feeds, keys, deadlines.Deadline(2.0, "why"))
     replayed = servable.warm_up()
     servable.retire()
 """
@@ -18,16 +19,19 @@ import grpc
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.client import pywrap_tf_session
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import conventions
+from slimserve.serving.config import session as session_lib
 from slimserve.serving.core import errors
 from slimserve.serving.core import tensors
 
 WARMUP_PATH = conventions.WARMUP_PATH  # where TF Serving looks for warmup records
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
-# Callables kept per servable: one per (input tensors, output tensors) seen, the least
-# recently used dropped past this many (output filters could otherwise make 2^outputs).
+# Run plans (callables) kept per servable: one per (input tensors, output tensors) seen,
+# the least recently used dropped past this many (output filters could otherwise make
+# 2^outputs).
 MAX_CALLABLES = 64
 
 
@@ -61,6 +65,15 @@ class Servable:
         self.name = name
         self.version = version
         self.path = path
+        config = session_config if session_config is not None else \
+            tf.compat.v1.ConfigProto()
+        # What this version computes in (--mixed_precision) and whether XLA compiles it
+        # (--xla_cpu_compilation_enabled): reported in the server's metrics.
+        self.precision = session_lib.precision(config)
+        self.xla_jit = session_lib.xla_jit(config)
+        # This version's own BatchingParameters (core/batching.py; None: the server's),
+        # set by the manager after loading.
+        self.batching_parameters = None
         self.graph = tf.Graph()
         self.session = tf.compat.v1.Session(graph=self.graph, config=session_config)
         try:
@@ -121,73 +134,70 @@ class Servable:
             raise errors.ServingError(code, message % name)
         return name, signature_def
 
-    def run(self, signature_def, feeds, output_keys):
+    def run(self, signature_def, feeds, output_keys, deadline=None):
         """feeds: {input key: ndarray}; returns {output key: ndarray}. TF errors become
-        ServingErrors with the same canonical code."""
+        ServingErrors with the same canonical code. deadline (core.deadlines.Deadline):
+        the run gets the time left as RunOptions.timeout_in_ms, so TensorFlow cancels it
+        (DEADLINE_EXCEEDED) rather than computing an answer nobody waits for."""
+        timeout_ms = None
+        if deadline is not None:
+            timeout_ms = deadline.timeout_in_ms()
+            if timeout_ms <= 0:
+                raise deadline.exceeded()
         if not self.use_callables:
             feed_dict = {signature_def.inputs[k].name: v for k, v in feeds.items()}
             fetches = [signature_def.outputs[k].name for k in output_keys]
+            options = (None if timeout_ms is None
+                       else config_pb2.RunOptions(timeout_in_ms=timeout_ms))
             try:
-                values = self.session.run(fetches, feed_dict=feed_dict)
+                values = self.session.run(fetches, feed_dict=feed_dict, options=options)
             except tf.errors.OpError as error:
-                raise errors.from_tf_error(error) from None
+                raise _serving_error(error, deadline) from None
             except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
                 raise errors.from_undecodable_tf_error(error) from None
             return dict(zip(output_keys, values))
         keys = list(feeds)
-        run, specs = self._callable(
+        plan = self._plan(
             tuple(signature_def.inputs[k].name for k in keys),
             tuple(signature_def.outputs[k].name for k in output_keys))
         # Converted to the fed tensor's dtype as session.run does. Shapes are not checked
         # against the tensor's static shape: as in C++ Session::Run (TF Serving), the
         # graph decides, and a shape it cannot take fails there as INVALID_ARGUMENT.
         values = []
-        for key, (dtype, _) in zip(keys, specs):
+        for key, (dtype, _) in zip(keys, plan.specs):
             value = feeds[key]
             if dtype is not None and value.dtype != dtype:
                 value = np.asarray(value, dtype)
             values.append(value)
         try:
-            values = run(*values)
+            values = plan.run(values, timeout_ms)
         except tf.errors.OpError as error:
-            raise errors.from_tf_error(error) from None
+            raise _serving_error(error, deadline) from None
         except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
             raise errors.from_undecodable_tf_error(error) from None
         return dict(zip(output_keys, values))
 
-    def _callable(self, feed_names, fetch_names):
-        """(callable, [(numpy dtype or None for strings, dims or None) per feed]): the
-        session callable feeding `feed_names` and fetching `fetch_names`, made on first
+    def _plan(self, feed_names, fetch_names):
+        """The _RunPlan feeding `feed_names` and fetching `fetch_names`, made on first
         use and kept (least recently used dropped past MAX_CALLABLES)."""
         key = (feed_names, fetch_names)
         with self._lock:
-            entry = self._callables.get(key)
-            if entry is not None:
+            plan = self._callables.get(key)
+            if plan is not None:
                 self._callables.move_to_end(key)
-                return entry
-        specs = []
+                return plan
         try:
-            for name in feed_names:
-                tensor = self.graph.get_tensor_by_name(name)
-                dims = tensor.shape.as_list() if tensor.shape.rank is not None else None
-                specs.append((None if tensor.dtype == tf.string else
-                              np.dtype(tensor.dtype.as_numpy_dtype), dims))
-            options = config_pb2.CallableOptions(feed=list(feed_names),
-                                                 fetch=list(fetch_names))
-            # TF's own wrapper of Session::MakeCallable (Keras used it); the public
-            # make_callable(fetches, feed_list) falls back to session.run with a feed dict
-            make = self.session._make_callable_from_options  # pylint: disable=protected-access
-            run = make(options)
+            plan = _RunPlan(self.session, feed_names, fetch_names)
         except tf.errors.OpError as error:
             raise errors.from_tf_error(error) from None
         except (KeyError, ValueError) as error:  # a signature naming no tensor of the graph
             raise errors.ServingError(grpc.StatusCode.INTERNAL, str(error)) from None
         with self._lock:
-            entry = self._callables.setdefault(key, (run, specs))
+            plan = self._callables.setdefault(key, plan)
             self._callables.move_to_end(key)
             while len(self._callables) > MAX_CALLABLES:
                 self._callables.popitem(last=False)
-        return entry
+        return plan
 
     def warm_up(self, iterations=1):
         """Replays assets.extra/tf_serving_warmup_requests (predict, classify and regress
@@ -226,3 +236,71 @@ class Servable:
             self.run(sig, {next(iter(sig.inputs)): examples}, sorted(sig.outputs))
         else:
             raise ValueError("unsupported warmup log type %s" % kind)
+
+
+def _serving_error(error, deadline):
+    """A TF error of a run as a ServingError; a run TensorFlow cancelled at its timeout
+    says whose deadline it was."""
+    served = errors.from_tf_error(error)
+    if deadline is not None and served.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return deadline.exceeded(served.message)
+    return served
+
+
+class _RunPlan:
+    """How one (feed tensors, fetch tensors) pair of a session runs.
+
+    Without a deadline: a cached Session callable (the C++ Session::MakeCallable, made on
+    first use), which skips session.run's per-call name and fetch-structure resolution.
+    With one: Session::Run with RunOptions.timeout_in_ms, fed and fetched by pre-resolved
+    graph outputs. A callable's RunOptions are fixed when it is made, and a callable per
+    timeout would optimise the graph again for each; Session::Run caches its executors
+    per feeds and fetches, so any timeout costs nothing extra there.
+    """
+    # pylint: disable=protected-access  (TensorFlow's session internals, used as
+    # session.run itself uses them)
+
+    def __init__(self, session, feed_names, fetch_names):
+        graph = session.graph
+        self._session = session
+        self._feed_names, self._fetch_names = feed_names, fetch_names
+        self.specs = []  # (numpy dtype or None for strings, dims or None) per feed
+        feeds = []
+        for name in feed_names:
+            tensor = graph.get_tensor_by_name(name)
+            dims = tensor.shape.as_list() if tensor.shape.rank is not None else None
+            self.specs.append((None if tensor.dtype == tf.string else
+                               np.dtype(tensor.dtype.as_numpy_dtype), dims))
+            feeds.append(tensor._as_tf_output())
+        self._feeds = feeds
+        self._fetches = [graph.get_tensor_by_name(name)._as_tf_output()
+                         for name in fetch_names]
+        self._callable = None
+        self._lock = threading.Lock()
+        session._extend_graph()  # as session.run does before running
+
+    def run(self, values, timeout_ms=None):
+        """values: one ndarray per feed -> one ndarray per fetch."""
+        if timeout_ms is None:
+            return self._get_callable()(*values)
+        options = pywrap_tf_session.TF_NewBufferFromString(
+            config_pb2.RunOptions(timeout_in_ms=timeout_ms).SerializeToString())
+        try:
+            # What session.run calls once it has resolved its feeds and fetches.
+            return pywrap_tf_session.TF_SessionRun_wrapper(
+                self._session._session, options,
+                dict(zip(self._feeds, values)), self._fetches, [], None)
+        finally:
+            pywrap_tf_session.TF_DeleteBuffer(options)
+
+    def _get_callable(self):
+        if self._callable is None:
+            with self._lock:
+                if self._callable is None:
+                    options = config_pb2.CallableOptions(feed=list(self._feed_names),
+                                                         fetch=list(self._fetch_names))
+                    # TF's own wrapper of Session::MakeCallable (Keras used it); the
+                    # public make_callable(fetches, feed_list) falls back to session.run
+                    # with a feed dict
+                    self._callable = self._session._make_callable_from_options(options)
+        return self._callable

@@ -405,6 +405,11 @@ class TfLiteServable(Servable):
     treat both alike. `session` is the TfLiteSession (what TF Serving puts in the
     bundle's session). `TfLiteServable.load(path, options)` reads name and version off
     the path as Servable.load does."""
+    # What the model_runtime gauge reports: the interpreter runs the file's own types,
+    # and XLA does not apply to it.
+    precision = "tflite"
+    xla_jit = False
+    batching_parameters = None  # the manager sets a version's own, as for a SavedModel
 
     def __init__(self, name, version, path, options=None):  # pylint: disable=super-init-not-called
         self.name = name
@@ -416,8 +421,11 @@ class TfLiteServable(Servable):
         self._retired = False
         self._lock = threading.Lock()
 
-    def run(self, signature_def, feeds, output_keys):
-        """feeds: {input key: ndarray}; returns {output key: ndarray}."""
+    def run(self, signature_def, feeds, output_keys, deadline=None):
+        """feeds: {input key: ndarray}; returns {output key: ndarray}. An interpreter run
+        cannot be cancelled, so a deadline is only checked before it starts."""
+        if deadline is not None and deadline.remaining() <= 0:
+            raise deadline.exceeded()
         values = self.session.run(
             [(signature_def.inputs[key].name, value) for key, value in feeds.items()],
             [signature_def.outputs[key].name for key in output_keys])

@@ -297,8 +297,6 @@ def _train(estimator, model_config, train_fn, eval_fn, eval_input):
 
 def main(argv):
     del argv
-    if FLAGS.xla:
-        run_config.enable_cpu_auto_jit()  # before anything sets up TensorFlow's devices
     try:
         model_config, train_input, eval_input = build_configs()
         train_fn = inputs.make_input_fn(FLAGS.data_dir, FLAGS.train_split, True, train_input)
