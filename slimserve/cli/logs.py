@@ -83,7 +83,7 @@ def quiet_tensorflow(verbosity=logging.INFO):
 
 
 # absl's own flags that every command's --help lists besides the command's own.
-_SHARED_KEY_FLAGS = ("flagfile", "verbosity")
+_SHARED_KEY_FLAGS = ("verbosity",)
 
 
 def declare_command_flags(module_name):
@@ -92,8 +92,8 @@ def declare_command_flags(module_name):
     absl's --help shows the key flags of the module named by sys.argv[0]; a console
     script's argv[0] is its wrapper (`.venv/bin/slimserve-train`), which defines none, so
     --help said only "Try --helpfull". Every flag a slimserve module defined (the
-    command's module and the shared helpers it imported, e.g. cli/beam.py) plus --flagfile
-    and --verbosity become key flags of argv[0]. A flag another helper adds to any command
+    command's module and the shared helpers it imported, e.g. cli/beam.py) plus
+    --verbosity become key flags of argv[0]. A flag another helper adds to any command
     module is covered without further wiring.
     """
     from absl import flags  # pylint: disable=g-import-not-at-top
