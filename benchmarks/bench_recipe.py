@@ -102,7 +102,8 @@ def main(argv=None):
                         help="NAME=TFRECORD_DIR (slimserve-convert output); repeatable.")
     parser.add_argument("--checkpoint", required=True,
                         help="Source checkpoint (file or run dir) for the fine-tuning rows.")
-    parser.add_argument("--only", default="", help="Comma-separated run names to run.")
+    parser.add_argument("--only", default="",
+                        help="Comma-separated run names to run, in this order (default: all).")
     parser.add_argument("--seeds", default="0", help="Comma-separated --seed values.")
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
@@ -111,12 +112,17 @@ def main(argv=None):
     if os.path.exists(results_path):
         with open(results_path) as handle:
             done = {(r["data"], r["name"], r["seed"]) for r in map(json.loads, handle)}
-    wanted = set(filter(None, args.only.split(",")))
+    wanted = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = set(wanted) - {run[0] for run in RUNS}
+    if unknown:
+        sys.exit("bench_recipe: unknown run(s) %s" % sorted(unknown))
+    # In --only's order when given (the most telling runs first on a busy machine).
+    runs = [run for name in wanted for run in RUNS if run[0] == name] if wanted else RUNS
     for seed in (int(s) for s in args.seeds.split(",")):
         for data in args.data:
             data_name, data_dir = data.split("=", 1)
-            for name, uses_checkpoint, flags in RUNS:
-                if (wanted and name not in wanted) or (data_name, name, seed) in done:
+            for name, uses_checkpoint, flags in runs:
+                if (data_name, name, seed) in done:
                     continue
                 model_dir = os.path.join(args.work_dir, data_name,
                                          name.replace(" ", "_").replace(",", ""), str(seed))

@@ -69,21 +69,36 @@ def scalars(event_dir, tag):
 
 
 def plot(report_png, run_dir, confusion, names):
+    """Three panels: training loss (log axis), accuracies (0-1 axis), confusion matrix."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
-    for tag, label in (("loss", "training loss"), ("train_accuracy", "training batch accuracy")):
-        points = scalars(run_dir, tag)
-        if points:
-            left.plot(*zip(*points), label=label)
+    figure, (loss_axis, accuracy_axis, right) = plt.subplots(
+        1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    points = scalars(run_dir, "loss")
+    if points:
+        loss_axis.plot(*zip(*points), label="training loss (with weight decay)")
+    points = scalars(os.path.join(run_dir, "eval"), "loss")
+    if points:
+        loss_axis.plot(*zip(*points), "o-", label="validation loss")
+    loss_axis.set_yscale("log")
+    loss_axis.set_xlabel("global step")
+    loss_axis.set_ylabel("loss (log scale)")
+    loss_axis.set_title("loss")
+    loss_axis.legend()
+    points = scalars(run_dir, "train_accuracy")
+    if points:
+        accuracy_axis.plot(*zip(*points), label="training batch accuracy")
     points = scalars(os.path.join(run_dir, "eval"), "accuracy")
     if points:
-        left.plot(*zip(*points), "o-", label="validation accuracy")
-    left.set_xlabel("global step")
-    left.set_yscale("log")
-    left.set_title("fine-tuning resnet_v1_50 on digits")
-    left.legend()
+        accuracy_axis.plot(*zip(*points), "o-", label="validation accuracy")
+    accuracy_axis.set_ylim(0, 1.02)
+    accuracy_axis.set_xlabel("global step")
+    accuracy_axis.set_ylabel("accuracy")
+    accuracy_axis.set_title("accuracy")
+    accuracy_axis.grid(alpha=0.3)
+    accuracy_axis.legend(loc="lower right")
+    figure.suptitle("fine-tuning resnet_v1_50 on digits")
     right.imshow(confusion, cmap="Blues")
     right.set_xticks(range(len(names)), names)
     right.set_yticks(range(len(names)), names)
