@@ -73,6 +73,7 @@ def plot(report_png, run_dir, confusion, names):
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import matplotlib.ticker  # pylint: disable=import-outside-toplevel
     figure, (loss_axis, accuracy_axis, right) = plt.subplots(
         1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [1, 1, 1.1]})
     points = scalars(run_dir, "loss")
@@ -80,8 +81,10 @@ def plot(report_png, run_dir, confusion, names):
         loss_axis.plot(*zip(*points), label="training loss (with weight decay)")
     points = scalars(os.path.join(run_dir, "eval"), "loss")
     if points:
-        loss_axis.plot(*zip(*points), "o-", label="validation loss")
+        loss_axis.plot(*zip(*points), "o-", label="validation loss (with weight decay)")
     loss_axis.set_yscale("log")
+    loss_axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    loss_axis.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     loss_axis.set_xlabel("global step")
     loss_axis.set_ylabel("loss (log scale)")
     loss_axis.set_title("loss")
