@@ -149,9 +149,11 @@ def main(argv=None):
         stage("source images", [sys.executable, "scripts/make_digits.py", "--output_dir",
                                 paths["source_images"], "--size", str(args.image_size),
                                 "--classes", args.source_classes], timings)
+    # A progress bar on a terminal; in a log file its carriage returns make one long line.
+    bar = [] if sys.stdout.isatty() else ["--noprogress"]
     stage("convert to TFRecords", python(
         "slimserve.cli.convert", "--input", paths["images"], "--output_dir", paths["data"],
-        "--overwrite"), timings)
+        "--overwrite", *bar), timings)
     stage("convert source task", python(
         "slimserve.cli.convert", "--input", paths["source_images"], "--output_dir",
         paths["source_data"], "--overwrite", "--noprogress"), timings)
