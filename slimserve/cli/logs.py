@@ -130,16 +130,34 @@ def tensorflow_info_behind_verbosity():
     tf.get_logger().setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
-def run(main):
+class _ConciseFormatter(logging.Formatter):
+    """`21:53:49 step 51/300 ...`, `21:53:50 WARNING export/best: ...`: a console line a
+    person reads, instead of absl's `I1123 21:53:49.632139 139916556258176 progress.py:44]`
+    (kept at --verbosity=1, where thread ids and source lines help)."""
+
+    def format(self, record):
+        level = "" if record.levelno == logging.INFO else record.levelname + " "
+        return "%s %s%s" % (self.formatTime(record, "%H:%M:%S"), level,
+                            record.getMessage()) + (
+                                "\n" + self.formatException(record.exc_info)
+                                if record.exc_info else "")
+
+
+def run(main, concise=False):
     """The entry point of every slimserve command: quiet TensorFlow, then absl's app.run
     (the command module defined its flags when it was imported); --help lists the
-    command's own flags and TensorFlow's INFO records wait for --verbosity=1."""
+    command's own flags and TensorFlow's INFO records wait for --verbosity=1. `concise`:
+    log lines with only the time (and the level unless INFO) below --verbosity=1."""
     from absl import app  # pylint: disable=g-import-not-at-top
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
     quiet_tensorflow()
     declare_command_flags(main.__module__)
 
     def command_main(argv):
         tensorflow_info_behind_verbosity()
+        if concise and flags.FLAGS.verbosity < 1:
+            absl_logging.get_absl_handler().setFormatter(_ConciseFormatter())
         return main(argv)
 
     app.run(command_main)

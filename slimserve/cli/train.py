@@ -382,7 +382,7 @@ def main(argv):
 
 
 def run():
-    logs.run(main)
+    logs.run(main, concise=True)
 
 
 if __name__ == "__main__":
