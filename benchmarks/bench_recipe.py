@@ -5,6 +5,7 @@ provide offline. docs/your-own-images.md shows the table this prints.
 
     python benchmarks/bench_recipe.py --work_dir=bench_out/recipe \
         --data digits=DIGITS_DATA --data fashion=FASHION_DATA --checkpoint=SOURCE_RUN
+    python benchmarks/bench_recipe.py --report bench_out/recipe/results.jsonl
 
 Each run is `slimserve-train` in its own process (niced) with the flags printed in the
 table, so any row can be re-run alone; results are appended to results.jsonl under
@@ -95,23 +96,51 @@ def final_accuracy(output):
     return None, None
 
 
+def report(paths):
+    """Markdown: one row per (data set, run), the recipe rows first, then the commands."""
+    records = []
+    for path in paths:
+        with open(path) as handle:
+            records += [json.loads(line) for line in handle if line.strip()]
+    order = {run[0]: index for index, run in enumerate(RUNS)}
+    records.sort(key=lambda r: (r["data"], order.get(r["name"], 99), r["seed"]))
+    lines = ["| data set | run | checkpoint | validation accuracy at step 300 |",
+             "|---|---|---|---|"]
+    for r in records:
+        uses = dict((run[0], run[1]) for run in RUNS).get(r["name"])
+        accuracy = "%.1f%%" % (100 * r["accuracy"]) if r["accuracy"] is not None else (
+            "failed (exit %d)" % r["exit"])
+        lines.append("| %s | %s | %s | %s |" % (r["data"], r["name"],
+                                                "source" if uses else "none", accuracy))
+    lines += ["", "Commands:", "", "```"]
+    lines += ["# %s, %s\n%s" % (r["data"], r["name"], r["command"]) for r in records]
+    return "\n".join(lines + ["```"])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work_dir", required=True, help="Runs and results.jsonl go here.")
-    parser.add_argument("--data", action="append", required=True,
+    parser.add_argument("--work_dir", help="Runs and results.jsonl go here.")
+    parser.add_argument("--data", action="append",
                         help="NAME=TFRECORD_DIR (slimserve-convert output); repeatable.")
-    parser.add_argument("--checkpoint", required=True,
+    parser.add_argument("--checkpoint",
                         help="Source checkpoint (file or run dir) for the fine-tuning rows.")
+    parser.add_argument("--report", nargs="*",
+                        help="Print the markdown table of these results.jsonl files instead.")
     parser.add_argument("--only", default="",
                         help="Comma-separated run names to run, in this order (default: all).")
     parser.add_argument("--seeds", default="0", help="Comma-separated --seed values.")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return
     os.makedirs(args.work_dir, exist_ok=True)
     results_path = os.path.join(args.work_dir, "results.jsonl")
     done = set()
     if os.path.exists(results_path):
         with open(results_path) as handle:
             done = {(r["data"], r["name"], r["seed"]) for r in map(json.loads, handle)}
+    if not (args.work_dir and args.data and args.checkpoint):
+        parser.error("--work_dir, --data and --checkpoint are required to run the grid")
     wanted = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(wanted) - {run[0] for run in RUNS}
     if unknown:
