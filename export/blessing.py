@@ -29,7 +29,8 @@ AUTO_BEST_FRACTION = 0.9
 # The flag's help text, shared by slimserve-train and slimserve-export.
 HELP = ("Export only an evaluation that clears this bar: 'auto' = mean_per_class_accuracy "
         "above chance 1/C by %d%% of the way to 1 (0.37 for 10 classes) and at least %d%% of "
-        "the best this run has evaluated; a number = --best_metric >= it; <metric>:<number>; "
+        "the best this run has evaluated; a number = accuracy (slimserve-train: --best_metric) "
+        ">= it; <metric>:<number>; "
         "'none' = always export." % (100 * AUTO_MARGIN, 100 * AUTO_BEST_FRACTION))
 
 
