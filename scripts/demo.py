@@ -133,7 +133,14 @@ def main(argv=None):
                         help="Serve with server-side batching.")
     args = parser.parse_args(argv)
     from slimserve.cli import logs  # pylint: disable=import-outside-toplevel
+    import logging  # pylint: disable=import-outside-toplevel
+    # The in-process serving stage logs as the train stage does: time and message, no
+    # "INFO:root:" prefixes and no TensorFlow INFO ("Restoring parameters ...").
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO)
     logs.quiet_tensorflow()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf.get_logger().setLevel(logging.WARNING)
 
     work = os.path.abspath(args.work_dir)
     if args.fresh and os.path.exists(work):
