@@ -70,6 +70,7 @@ RUNS = [
     ("ft momentum 0.03", True, _FT + _FREEZE + _momentum(0.03) + _LIGHT),
     ("scratch recipe", False, ["--flagfile=" + SCRATCH_FLAGS]),
     ("scratch defaults", False, []),
+    ("scratch recipe at lr 1e-3", False, ["--flagfile=" + SCRATCH_FLAGS, "--learning_rate=1e-3"]),
     ("scratch demo settings", False, _adam() + _LIGHT),
     ("scratch lr 3e-3", False, _adam(3e-3) + _LIGHT),
     ("scratch bn 0.967", False, _adam(1e-3, 0.967) + _LIGHT),
@@ -83,8 +84,8 @@ def command(name, uses_checkpoint, flags, data_dir, checkpoint, model_dir, seed)
     argv += BUDGET
     if uses_checkpoint:
         argv.append("--checkpoint_path=" + checkpoint)
-    if not name.endswith("recipe"):
-        argv += _SPEED
+    if not any(flag.startswith("--flagfile") for flag in flags):
+        argv += _SPEED  # the recipe rows run exactly as documented (exports included)
     return argv
 
 
