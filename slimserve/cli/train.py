@@ -305,8 +305,12 @@ def _check_warm_start():
     --model_dir. A run that resumes from its own checkpoint never reads it."""
     if not FLAGS.checkpoint_path or FLAGS.mode == "eval":
         return
-    if tf.io.gfile.isdir(FLAGS.model_dir) and tf.train.latest_checkpoint(FLAGS.model_dir):
-        return
+    if tf.io.gfile.isdir(FLAGS.model_dir):
+        try:
+            if checkpoints.listed_checkpoints(FLAGS.model_dir):
+                return  # a resume: the warm start is skipped (_check_resume checks the rest)
+        except checkpoints.CheckpointError:
+            return  # a broken state file: _check_resume names it
     model.check_checkpoint_net(FLAGS.checkpoint_path, FLAGS.model_name)
 
 
