@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
+from slimserve import conventions
 from slimserve.estimator import dataset
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
@@ -63,6 +64,62 @@ def check_tfrecord_file(path):
                     % (path, count, position, size))
             count += 1
     return count
+
+
+# How deep check_data_dir looks for images and how many entries it reads at most: enough
+# for <dir>/<class>/<image>, bounded for a --data_dir that points at a huge tree.
+_SCAN_DEPTH = 2
+_SCAN_LIMIT = 2000
+
+
+def _first_image(folder):
+    """An image file in `folder` or its sub-folders (depth _SCAN_DEPTH), else None."""
+    seen = 0
+    pending = [(folder, 0)]
+    while pending:
+        current, depth = pending.pop(0)
+        try:
+            entries = sorted(os.listdir(current))
+        except OSError:
+            continue
+        for name in entries:
+            seen += 1
+            if seen > _SCAN_LIMIT:
+                return None
+            path = os.path.join(current, name)
+            if name.lower().endswith(conventions.SERVABLE_IMAGE_SUFFIXES) and os.path.isfile(
+                    path):
+                return path
+            if depth < _SCAN_DEPTH and os.path.isdir(path):
+                pending.append((path, depth + 1))
+    return None
+
+
+def check_data_dir(data_dir, split="train"):
+    """Raises DatasetError saying "run slimserve-convert" when --data_dir is not a data set
+    slimserve-convert wrote: missing, holding images, or holding neither.
+
+    Without it a folder of images failed with "--labels_file <dir>/labels.txt does not
+    exist", naming a flag the user never passed."""
+    convert = "slimserve-convert --input=<your image folder> --output_dir=%s" % data_dir
+    if not tf.io.gfile.exists(data_dir):
+        raise dataset.DatasetError(
+            "--data_dir %s does not exist. It must be TFRecords made by slimserve-convert "
+            "from your images (one sub-folder per class): run %s" % (data_dir, convert))
+    if tf.io.gfile.glob(schema.shard_pattern(data_dir, split)) or tf.io.gfile.exists(
+            os.path.join(data_dir, schema.INFO_FILE)):
+        return
+    local = "://" not in data_dir
+    image = _first_image(data_dir) if local else None
+    if image:
+        target = data_dir.rstrip("/\\") + "_tfrecords"
+        raise dataset.DatasetError(
+            "--data_dir %s holds images (e.g. %s), not the TFRecords slimserve-train reads: "
+            "run slimserve-convert --input=%s --output_dir=%s, then pass --data_dir=%s"
+            % (data_dir, image, data_dir, target, target))
+    raise dataset.DatasetError(
+        "--data_dir %s holds no data set (no %s-* shards, no %s): run %s"
+        % (data_dir, split, schema.INFO_FILE, convert))
 
 
 def _parse(serialized):

@@ -8,6 +8,7 @@
   BatchNorm inside a frozen residual unit runs in inference mode, so its moving
   statistics stay bit-identical too.
 """
+import collections
 import dataclasses
 import logging
 from typing import Optional, Sequence
@@ -38,19 +39,19 @@ class ModelConfig:
     trainable_scopes: Sequence[str] = ()
     freeze_scopes: Sequence[str] = ()
     frozen_bn_inference: bool = True
-    batch_norm_decay: float = 0.997
+    batch_norm_decay: float = 0.997  # slim's; slimserve-train derives it from --max_steps
     batch_norm_epsilon: float = 1e-5
     weight_decay: float = 1e-4
     label_smoothing: float = 0.0
     optimizer: str = "momentum"
     momentum: float = 0.9
     rmsprop_decay: float = 0.9
-    opt_epsilon: float = 1.0
+    opt_epsilon: Optional[float] = None  # None: default_opt_epsilon(optimizer)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     learning_rate: float = 0.01
     learning_rate_schedule: str = "fixed"
-    decay_steps: int = 1000
+    decay_steps: int = 1000  # slimserve-train: --max_steps unless --decay_steps is given
     decay_rate: float = 0.94
     end_learning_rate: float = 1e-4
     boundaries: Sequence[int] = ()
@@ -160,16 +161,44 @@ def _learning_rate(config, global_step):
     return rate
 
 
+# --opt_epsilon when it is not given, per optimizer. slim's single default (1.0) was
+# tuned for RMSProp on ImageNet; under Adam it divides every step by ~1 instead of by
+# the gradient's RMS, so a fine-tuning run at Adam's usual learning rates barely moves.
+OPT_EPSILON_DEFAULTS = {"adam": 1e-8, "rmsprop": 1.0}
+# --batch_norm_decay when it is not given: BN_DECAY_WINDOWS moving-average windows fit in
+# the run (window = 1 / (1 - decay) steps), within slim's range of decays.
+BN_DECAY_WINDOWS = 10
+BN_DECAY_RANGE = (0.9, 0.997)
+
+
+def default_opt_epsilon(optimizer):
+    """Adam's own 1e-8 (Kingma & Ba), RMSProp slim's 1.0; None for optimizers without one."""
+    return OPT_EPSILON_DEFAULTS.get(optimizer)
+
+
+def default_batch_norm_decay(max_steps):
+    """1 - BN_DECAY_WINDOWS / max_steps, within BN_DECAY_RANGE: the moving mean and
+    variance must forget the warm-start checkpoint's statistics (or the random start's)
+    well before the run ends. slim's 0.997 keeps 0.997**300 = 41% of the source data's
+    statistics after a 300-step fine-tune; the rule gives 0.967 there and 0.997 from
+    3,334 steps on."""
+    low, high = BN_DECAY_RANGE
+    return round(min(high, max(low, 1.0 - BN_DECAY_WINDOWS / float(max_steps))), 4)
+
+
 def _optimizer(config, learning_rate):
     v1 = tf.compat.v1.train
+    epsilon = config.opt_epsilon
+    if epsilon is None:
+        epsilon = default_opt_epsilon(config.optimizer)
     if config.optimizer == "momentum":
         return v1.MomentumOptimizer(learning_rate, config.momentum)
     if config.optimizer == "rmsprop":
         return v1.RMSPropOptimizer(learning_rate, decay=config.rmsprop_decay,
-                                   momentum=config.momentum, epsilon=config.opt_epsilon)
+                                   momentum=config.momentum, epsilon=epsilon)
     if config.optimizer == "adam":
         return v1.AdamOptimizer(learning_rate, config.adam_beta1, config.adam_beta2,
-                                epsilon=config.opt_epsilon)
+                                epsilon=epsilon)
     return v1.GradientDescentOptimizer(learning_rate)
 
 
@@ -183,6 +212,53 @@ def _model_variables(spec):
             if v.op.name.startswith(prefix) and not v.op.name.endswith(_SLOT_SUFFIXES)]
 
 
+def checkpoint_file(checkpoint_path):
+    """--checkpoint_path as a checkpoint prefix: the newest checkpoint of a directory."""
+    if tf.io.gfile.isdir(checkpoint_path):
+        latest = tf.train.latest_checkpoint(checkpoint_path)
+        if not latest:
+            raise WarmStartError("--checkpoint_path %s holds no checkpoint" % checkpoint_path)
+        return latest
+    return checkpoint_path
+
+
+def _checkpoint_shapes(checkpoint_path):
+    try:
+        return dict(tf.train.list_variables(checkpoint_path))
+    except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as error:
+        raise WarmStartError("cannot read --checkpoint_path %s: %s"
+                             % (checkpoint_path, error)) from None
+
+
+def check_checkpoint_net(checkpoint_path, model_name):
+    """Raises WarmStartError naming the --model_name to pass when the checkpoint holds
+    another net (its variables live under another top-level scope, e.g. resnet_v1_101/).
+
+    Checked before any graph is built or file written: otherwise every variable was
+    "missing" and the error suggested --ignore_missing_vars, which trains from scratch
+    and silently discards the checkpoint."""
+    path = checkpoint_file(checkpoint_path)
+    shapes = _checkpoint_shapes(path)
+    spec = nets.get_net(model_name)
+    scopes = collections.Counter(name.split("/", 1)[0] for name in shapes if "/" in name)
+    if spec.name in scopes:
+        return path
+    if not scopes:
+        raise WarmStartError("--checkpoint_path %s holds no variables of a slim net (it "
+                             "has %s)" % (path, ", ".join(sorted(shapes)[:5]) or "nothing"))
+    scope = scopes.most_common(1)[0][0]
+    if scope in nets.NETS:
+        other = nets.get_net(scope)
+        raise WarmStartError(
+            "--checkpoint_path %s is a %s checkpoint (its variables are under %s/) but "
+            "--model_name=%s: pass --model_name=%s (and --checkpoint_exclude_scopes=%s to "
+            "train a new head)" % (path, scope, scope, model_name, scope,
+                                   ",".join(other.head_scopes)))
+    raise WarmStartError(
+        "--checkpoint_path %s holds variables under %s/, which no --model_name builds (%s); "
+        "use a checkpoint of one of those nets" % (path, scope, ", ".join(sorted(nets.NETS))))
+
+
 def warm_start_plan(checkpoint_path, variables, exclude_scopes, ignore_missing_vars):
     """Decides, for each model variable, restore / excluded / missing.
 
@@ -191,16 +267,8 @@ def warm_start_plan(checkpoint_path, variables, exclude_scopes, ignore_missing_v
     that the checkpoint lacks is restored from its base variable, so averaging starts
     from the checkpoint rather than from random initial values.
     """
-    if tf.io.gfile.isdir(checkpoint_path):
-        latest = tf.train.latest_checkpoint(checkpoint_path)
-        if not latest:
-            raise WarmStartError("--checkpoint_path %s holds no checkpoint" % checkpoint_path)
-        checkpoint_path = latest
-    try:
-        shapes = dict(tf.train.list_variables(checkpoint_path))
-    except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as error:
-        raise WarmStartError("cannot read --checkpoint_path %s: %s"
-                             % (checkpoint_path, error)) from None
+    checkpoint_path = checkpoint_file(checkpoint_path)
+    shapes = _checkpoint_shapes(checkpoint_path)
     assignment, table = {}, {"restored": [], "excluded": [], "missing": []}
     shadow = "/ExponentialMovingAverage"
     for var in variables:

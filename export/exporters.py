@@ -101,9 +101,13 @@ class _SlimserveExporter(tf.estimator.Exporter):
 
     def _blessed(self, estimator, eval_result):
         """True when eval_result clears --export_min_metric; logs and records why not."""
+        best_seen = None
+        if blessing.parse(self._min_metric)[0] == blessing.AUTO:
+            best_seen = blessing.best_recorded(estimator.model_dir,
+                                               blessing.auto_metric(eval_result))
         try:
             reason = blessing.check(eval_result, self._min_metric, self._best_metric,
-                                    estimator.params.get("num_classes"))
+                                    estimator.params.get("num_classes"), best_seen)
         except blessing.ExportRefused as refused:
             self.refusal = str(refused)
             logging.warning("export/%s: %s", self._name, refused)

@@ -69,21 +69,39 @@ def scalars(event_dir, tag):
 
 
 def plot(report_png, run_dir, confusion, names):
+    """Three panels: training loss (log axis), accuracies (0-1 axis), confusion matrix."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
-    for tag, label in (("loss", "training loss"), ("train_accuracy", "training batch accuracy")):
-        points = scalars(run_dir, tag)
-        if points:
-            left.plot(*zip(*points), label=label)
+    import matplotlib.ticker  # pylint: disable=import-outside-toplevel
+    figure, (loss_axis, accuracy_axis, right) = plt.subplots(
+        1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    points = scalars(run_dir, "loss")
+    if points:
+        loss_axis.plot(*zip(*points), label="training loss (with weight decay)")
+    points = scalars(os.path.join(run_dir, "eval"), "loss")
+    if points:
+        loss_axis.plot(*zip(*points), "o-", label="validation loss (with weight decay)")
+    loss_axis.set_yscale("log")
+    loss_axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    loss_axis.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    loss_axis.set_xlabel("global step")
+    loss_axis.set_ylabel("loss (log scale)")
+    loss_axis.set_title("loss")
+    loss_axis.legend()
+    points = scalars(run_dir, "train_accuracy")
+    if points:
+        accuracy_axis.plot(*zip(*points), label="training batch accuracy")
     points = scalars(os.path.join(run_dir, "eval"), "accuracy")
     if points:
-        left.plot(*zip(*points), "o-", label="validation accuracy")
-    left.set_xlabel("global step")
-    left.set_yscale("log")
-    left.set_title("fine-tuning resnet_v1_50 on digits")
-    left.legend()
+        accuracy_axis.plot(*zip(*points), "o-", label="validation accuracy")
+    accuracy_axis.set_ylim(0, 1.02)
+    accuracy_axis.set_xlabel("global step")
+    accuracy_axis.set_ylabel("accuracy")
+    accuracy_axis.set_title("accuracy")
+    accuracy_axis.grid(alpha=0.3)
+    accuracy_axis.legend(loc="lower right")
+    figure.suptitle("fine-tuning resnet_v1_50 on digits")
     right.imshow(confusion, cmap="Blues")
     right.set_xticks(range(len(names)), names)
     right.set_yticks(range(len(names)), names)
@@ -115,7 +133,14 @@ def main(argv=None):
                         help="Serve with server-side batching.")
     args = parser.parse_args(argv)
     from slimserve.cli import logs  # pylint: disable=import-outside-toplevel
+    import logging  # pylint: disable=import-outside-toplevel
+    # The in-process serving stage logs as the train stage does: time and message, no
+    # "INFO:root:" prefixes and no TensorFlow INFO ("Restoring parameters ...").
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO)
     logs.quiet_tensorflow()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf.get_logger().setLevel(logging.WARNING)
 
     work = os.path.abspath(args.work_dir)
     if args.fresh and os.path.exists(work):
@@ -131,9 +156,11 @@ def main(argv=None):
         stage("source images", [sys.executable, "scripts/make_digits.py", "--output_dir",
                                 paths["source_images"], "--size", str(args.image_size),
                                 "--classes", args.source_classes], timings)
+    # A progress bar on a terminal; in a log file its carriage returns make one long line.
+    bar = [] if sys.stdout.isatty() else ["--noprogress"]
     stage("convert to TFRecords", python(
         "slimserve.cli.convert", "--input", paths["images"], "--output_dir", paths["data"],
-        "--overwrite"), timings)
+        "--overwrite", *bar), timings)
     stage("convert source task", python(
         "slimserve.cli.convert", "--input", paths["source_images"], "--output_dir",
         paths["source_data"], "--overwrite", "--noprogress"), timings)

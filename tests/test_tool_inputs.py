@@ -64,7 +64,7 @@ def test_loadtest_sends_to_the_input_the_signature_names(tmp_path):
         process.wait(timeout=60)
 
 
-def test_warmup_from_a_folder_is_a_one_line_error(trained_run, tmp_path):
+def test_warmup_from_a_folder_is_a_one_line_error(trained_run, digits_data, tmp_path):
     """Today: a FailedPreconditionError traceback ("Is a directory") from the reader."""
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -77,3 +77,10 @@ def test_warmup_from_a_folder_is_a_one_line_error(trained_run, tmp_path):
     assert out.stderr.strip().splitlines()[-1].startswith(
         "slimserve-export: --warmup_from=%s matches the folder" % logs)
     assert not os.listdir(tmp_path / "export") if (tmp_path / "export").exists() else True
+    # slimserve-train says so before training, not at its first export
+    out = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
+                  tmp_path / "run", "--warmup_from", logs, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "slimserve-train: --warmup_from=%s matches the folder" % logs)
+    assert not (tmp_path / "run").exists() or not os.listdir(tmp_path / "run")

@@ -54,16 +54,27 @@ def test_exploding_loss_stops_training_with_an_error(diverged_run):
     assert not os.path.exists(os.path.join(model_dir, "export"))
 
 
-def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(diverged_run):
+def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(diverged_run,
+                                                                             digits_data):
     model_dir, _, forced = diverged_run
     assert forced.returncode == 3, forced.stderr[-3000:]
     assert "eval: accuracy=" in forced.stdout  # it did train and evaluate
+    # The console is progress, evaluations and exports; TensorFlow's INFO log (the
+    # RunConfig dump, "loss = ", "global_step/sec") waits for --verbosity=1.
+    assert re.search(r"step 10/10 \(100%\)  loss \S+  ", forced.stderr), forced.stderr[-3000:]
+    assert "eval at step 10: accuracy 0." in forced.stderr
+    for noise in ("Using config", "global_step/sec", "Saving checkpoints for", "loss = "):
+        assert noise not in forced.stderr, noise
     for name in ("final", "best"):
         refused = (r"export/%s: nothing exported: export refused: eval mean_per_class_accuracy "
-                   r"0\.\d{4} at step 10 is not above 0\.1900 \(--export_min_metric=auto" % name)
+                   r"0\.\d{4} at step 10 is not above 0\.3700 \(--export_min_metric=auto" % name)
         assert re.search(refused, forced.stderr), forced.stderr[-3000:]
         folder = os.path.join(model_dir, "export", name)
         assert not os.path.exists(folder) or not os.listdir(folder)
+    verbose = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
+                      model_dir, *TINY, "--mode", "eval", "--verbosity", 1, check=False)
+    assert "Using config" in verbose.stderr and "Saving dict for global step 10" in \
+        verbose.stderr, verbose.stderr[-3000:]
     manual = run_cli("slimserve.cli.export", "--model_dir", model_dir, check=False)
     assert manual.returncode != 0
     assert "slimserve-export: export refused: eval mean_per_class_accuracy" in manual.stderr

@@ -49,10 +49,8 @@ flags.DEFINE_integer("max_image_pixels", None,
                      "claims more pixels are INVALID_ARGUMENT before any decode.",
                      lower_bound=1)
 flags.DEFINE_string("export_min_metric", blessing.AUTO,
-                    "Export only when the run's recorded evaluation of this checkpoint clears "
-                    "this bar: 'auto' = mean_per_class_accuracy above chance by a tenth of the "
-                    "way to 1; a number = accuracy >= it; <metric>:<number>; 'none' = always "
-                    "(also for a checkpoint that was never evaluated).")
+                    "Judged on the run's recorded evaluation of this checkpoint. " + blessing.HELP
+                    + " ('none' also exports a checkpoint that was never evaluated.)")
 flags.DEFINE_bool("tflite", False,
                   "Also write model.tflite (the predict_images signature, TFLite builtin "
                   "ops) beside the SavedModel, for --prefer_tflite_model; its classes must "
@@ -76,7 +74,8 @@ def check_blessing(checkpoint, num_classes):
             "export refused: %s (step %d) was never evaluated; run slimserve-train "
             "--mode=eval with the run's flags (--flagfile=%s/flags.txt) first, or pass "
             "--export_min_metric=none" % (checkpoint, step, FLAGS.model_dir))
-    return blessing.check(result, FLAGS.export_min_metric, "accuracy", num_classes)
+    best_seen = blessing.best_recorded(FLAGS.model_dir, blessing.auto_metric(result))
+    return blessing.check(result, FLAGS.export_min_metric, "accuracy", num_classes, best_seen)
 
 
 def main(argv):

@@ -2,8 +2,10 @@
 goes, real warnings stay.
 
 Lives in slimserve/cli/, the command layer, because every command needs it and no
-library may import it. Call `quiet_tensorflow()` before anything imports tensorflow; a command
-module calls `run(main)` from its `__main__` / console-script entry.
+library may import it. Every command module calls `run(main)` from its `__main__` /
+console-script entry: it quiets TensorFlow, makes `--help` list the command's own flags,
+and keeps TensorFlow's INFO records behind `--verbosity=1`. Scripts that are not absl
+commands call `quiet_tensorflow()` before anything imports tensorflow.
 """
 import logging
 import os
@@ -81,9 +83,82 @@ def quiet_tensorflow(verbosity=logging.INFO):
     logging.getLogger("absl").addFilter(_DropNoise())
 
 
-def run(main):
+# absl's own flags that every command's --help lists besides the command's own.
+_SHARED_KEY_FLAGS = ("verbosity",)
+
+
+def declare_command_flags(module_name):
+    """Makes `--help` list the command's own flags.
+
+    absl's --help shows the key flags of the module named by sys.argv[0]; a console
+    script's argv[0] is its wrapper (`.venv/bin/slimserve-train`), which defines none, so
+    --help said only "Try --helpfull". Every flag a slimserve module defined (the
+    command's module and the shared helpers it imported, e.g. cli/beam.py) plus
+    --verbosity become key flags of argv[0]. A flag another helper adds to any command
+    module is covered without further wiring.
+    """
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    flag_values = flags.FLAGS
+    main_module = sys.argv[0]
+    for module, module_flags in flag_values.flags_by_module_dict().items():
+        if module == main_module or not (module.startswith("slimserve")
+                                         or module == module_name):
+            continue
+        for flag in module_flags:
+            flag_values.register_key_flag_for_module(main_module, flag)
+    for name in _SHARED_KEY_FLAGS:
+        if name in flag_values:
+            flag_values.register_key_flag_for_module(main_module, flag_values[name])
+    main = sys.modules.get("__main__")
+    command = sys.modules.get(module_name)
+    if main is not None and command is not None and command is not main and not getattr(
+            main, "__doc__", None):
+        main.__doc__ = command.__doc__  # --help starts with the command's own usage text
+
+
+def tensorflow_info_behind_verbosity():
+    """TensorFlow's own INFO records (the RunConfig dump, "Saving checkpoints", "loss = ",
+    "global_step/sec", evaluation start/finish) show only with --verbosity=1 or more;
+    slimserve's own INFO lines (progress, evaluations, exports) stay at the default 0.
+    `--logger_levels=tensorflow:INFO` also brings them back."""
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    flag_values = flags.FLAGS
+    chosen = flag_values["logger_levels"].value if "logger_levels" in flag_values else None
+    if "tensorflow" in (chosen or {}):
+        return
+    verbose = "verbosity" in flag_values and flag_values.verbosity >= 1
+    tf.get_logger().setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
+class _ConciseFormatter(logging.Formatter):
+    """`21:53:49 step 51/300 ...`, `21:53:50 WARNING export/best: ...`: a console line a
+    person reads, instead of absl's `I1123 21:53:49.632139 139916556258176 progress.py:44]`
+    (kept at --verbosity=1, where thread ids and source lines help)."""
+
+    def format(self, record):
+        level = "" if record.levelno == logging.INFO else record.levelname + " "
+        return "%s %s%s" % (self.formatTime(record, "%H:%M:%S"), level,
+                            record.getMessage()) + (
+                                "\n" + self.formatException(record.exc_info)
+                                if record.exc_info else "")
+
+
+def run(main, concise=False):
     """The entry point of every slimserve command: quiet TensorFlow, then absl's app.run
-    (the command module defined its flags when it was imported)."""
+    (the command module defined its flags when it was imported); --help lists the
+    command's own flags and TensorFlow's INFO records wait for --verbosity=1. `concise`:
+    log lines with only the time (and the level unless INFO) below --verbosity=1."""
     from absl import app  # pylint: disable=g-import-not-at-top
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
     quiet_tensorflow()
-    app.run(main)
+    declare_command_flags(main.__module__)
+
+    def command_main(argv):
+        tensorflow_info_behind_verbosity()
+        if concise and flags.FLAGS.verbosity < 1:
+            absl_logging.get_absl_handler().setFormatter(_ConciseFormatter())
+        return main(argv)
+
+    app.run(command_main)

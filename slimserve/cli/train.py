@@ -1,10 +1,12 @@
-"""slimserve-train: fine-tune a slim net on TFRecords with tf.estimator.train_and_evaluate.
+r"""slimserve-train: fine-tune a slim net on TFRecords with tf.estimator.train_and_evaluate.
 
-    slimserve-train --data_dir=data/ --model_dir=runs/digits --model_name=resnet_v1_50 \
-        --checkpoint_path=resnet_v1_50.ckpt --checkpoint_exclude_scopes=resnet_v1_50/logits
+    slimserve-train --flagfile=configs/own_images_finetune.flags --data_dir=data/ \
+        --model_dir=runs/mine --checkpoint_path=resnet_v1_50.ckpt
 
-Every flag is written to `<model_dir>/flags.txt` (usable as --flagfile) and the
-model/input settings that export needs to `<model_dir>/slimserve.json`.
+--data_dir is the output of slimserve-convert. The console shows progress, each
+evaluation and each export; --verbosity=1 adds TensorFlow's own INFO log. Every flag is
+written to `<model_dir>/flags.txt` (usable as --flagfile) and the model/input settings
+that export needs to `<model_dir>/slimserve.json`.
 """
 import contextlib
 import dataclasses
@@ -31,12 +33,14 @@ from slimserve.estimator import run_files
 from slimserve.estimator import run_lock
 from slimserve.estimator import schema
 from slimserve.export import blessing
+from slimserve.export import warmup
 from slimserve.cli import logs
 
 FLAGS = flags.FLAGS
 
 # Dataset.
-flags.DEFINE_string("data_dir", None, "Folder with train-*/validation-* shards and labels.txt.")
+flags.DEFINE_string("data_dir", None, "TFRecords written by slimserve-convert (train-*/"
+                    "validation-* shards, labels.txt, dataset_info.json); not the images.")
 flags.DEFINE_string("labels_file", None, "id:name file (default: <data_dir>/labels.txt).")
 flags.DEFINE_string("train_split", "train", "Split name of the training shards.")
 flags.DEFINE_string("eval_split", "validation", "Split name of the evaluation shards.")
@@ -83,8 +87,8 @@ flags.DEFINE_bool("frozen_bn_inference", True,
 flags.DEFINE_enum("optimizer", "momentum", model.OPTIMIZERS, "Optimizer.")
 flags.DEFINE_float("learning_rate", 0.01, "Initial learning rate.")
 flags.DEFINE_enum("learning_rate_schedule", "fixed", model.SCHEDULES, "LR schedule.")
-flags.DEFINE_integer("decay_steps", 1000, "Steps of exponential/polynomial/cosine decay.",
-                     lower_bound=1)
+flags.DEFINE_integer("decay_steps", None, "Steps of exponential/polynomial/cosine decay "
+                     "(default: --max_steps, i.e. decay over the whole run).", lower_bound=1)
 flags.DEFINE_float("decay_rate", 0.94, "Exponential decay factor per decay_steps.")
 flags.DEFINE_float("end_learning_rate", 1e-4, "Final LR of polynomial and cosine decay.")
 flags.DEFINE_list("boundaries", [], "Piecewise schedule: step boundaries.")
@@ -92,13 +96,17 @@ flags.DEFINE_list("boundary_values", [], "Piecewise schedule: LRs (one more than
 flags.DEFINE_integer("warmup_steps", 0, "Linear LR warm-up steps.", lower_bound=0)
 flags.DEFINE_float("momentum", 0.9, "Momentum (momentum and rmsprop).")
 flags.DEFINE_float("rmsprop_decay", 0.9, "RMSProp decay.")
-flags.DEFINE_float("opt_epsilon", 1.0, "Epsilon of rmsprop and adam.")
+flags.DEFINE_float("opt_epsilon", None, "Epsilon of rmsprop and adam (default: per optimizer, "
+                   "adam 1e-8 as in Adam's paper, rmsprop 1.0 as in slim).")
 flags.DEFINE_float("adam_beta1", 0.9, "Adam beta1.")
 flags.DEFINE_float("adam_beta2", 0.999, "Adam beta2.")
 flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay on trained conv weights.")
 flags.DEFINE_float("label_smoothing", 0.0, "Label smoothing.")
-flags.DEFINE_float("batch_norm_decay", 0.997,
-                   "BatchNorm moving-average decay; use ~0.9 for short runs.")
+flags.DEFINE_float("batch_norm_decay", None,
+                   "BatchNorm moving-average decay (default: from --max_steps, 1 - %d/max_steps "
+                   "within [%g, %g], so the moving statistics forget the checkpoint's within a "
+                   "tenth of the run: 0.967 for 300 steps, slim's 0.997 from 3334 on)."
+                   % (model.BN_DECAY_WINDOWS, model.BN_DECAY_RANGE[0], model.BN_DECAY_RANGE[1]))
 flags.DEFINE_float("batch_norm_epsilon", 1e-5, "BatchNorm epsilon (slim's ResNet: 1e-5).")
 flags.DEFINE_float("moving_average_decay", None, "EMA of weights, used by eval and export.")
 flags.DEFINE_float("clip_gradient_norm", 0.0, "Clip gradients to this global norm (0: off).")
@@ -144,11 +152,8 @@ flags.DEFINE_bool("verify_export", True, "Reload each export and compare with pr
 flags.DEFINE_string("warmup_from", None,
                     "Glob of request logs: the exporters build warmup requests from that "
                     "traffic (validation images when it matches nothing).")
-flags.DEFINE_string("export_min_metric", blessing.AUTO,
-                    "Export (final, best) only an evaluation that clears this bar: 'auto' = "
-                    "mean_per_class_accuracy above chance 1/C by a tenth of the way to 1 "
-                    "(0.19 for 10 classes); a number = --best_metric >= it; "
-                    "<metric>:<number>; 'none' = always export.")
+flags.DEFINE_string("export_min_metric", blessing.AUTO, "Gates export/final and export/best. "
+                    + blessing.HELP)
 # Training guards.
 flags.DEFINE_bool("stop_on_nonfinite_loss", True,
                   "Stop with an error (non-zero exit) when the training loss is NaN or Inf.")
@@ -202,29 +207,59 @@ flags.register_validator("export_min_metric", _valid_min_metric,
                          message="--export_min_metric must be 'auto', 'none', a number or "
                                  "<metric>:<number>")
 
-# Exit status of a run that trained but whose evaluation did not clear --export_min_metric.
+# Exit status of a run that trained but exported nothing: no evaluation cleared
+# --export_min_metric. (A final export refused for falling below the run's best while
+# export/best holds that best is reported, not an error.)
 EXIT_EXPORT_REFUSED = 3
 
 # ModelConfig fields that are not flags of the same name: derived from the data and net.
 _DERIVED_FIELDS = ("num_classes", "class_names", "boundaries", "boundary_values")
 
 
+def derived_defaults():
+    """{flag: value} for the flags left unset whose default depends on other flags, and
+    one line per value saying the rule (logged, so a run says what it trained with)."""
+    values, notes = {}, []
+    if FLAGS.opt_epsilon is None and model.default_opt_epsilon(FLAGS.optimizer) is not None:
+        values["opt_epsilon"] = model.default_opt_epsilon(FLAGS.optimizer)
+        notes.append("--opt_epsilon=%g (the default for --optimizer=%s)"
+                     % (values["opt_epsilon"], FLAGS.optimizer))
+    if FLAGS.batch_norm_decay is None:
+        values["batch_norm_decay"] = model.default_batch_norm_decay(FLAGS.max_steps)
+        notes.append("--batch_norm_decay=%g (1 - %d/max_steps within [%g, %g], for "
+                     "--max_steps=%d)" % (values["batch_norm_decay"], model.BN_DECAY_WINDOWS,
+                                          model.BN_DECAY_RANGE[0], model.BN_DECAY_RANGE[1],
+                                          FLAGS.max_steps))
+    if FLAGS.decay_steps is None:
+        values["decay_steps"] = FLAGS.max_steps
+        if FLAGS.learning_rate_schedule in ("exponential", "polynomial", "cosine"):
+            notes.append("--decay_steps=%d (--max_steps)" % FLAGS.max_steps)
+    return values, notes
+
+
 def build_configs():
     """Flags -> (ModelConfig, InputConfig for train, InputConfig for eval).
 
-    ModelConfig is filled by field name, so a new field only needs a flag of its name."""
+    ModelConfig is filled by field name, so a new field only needs a flag of its name;
+    flags left unset that derive from others (derived_defaults) are filled in first."""
+    inputs.check_data_dir(FLAGS.data_dir, FLAGS.train_split)
+    if FLAGS.warmup_from:  # a folder fails here, not at the first export an hour later
+        warmup.check_pattern(FLAGS.warmup_from)
     labels_file = FLAGS.labels_file or os.path.join(FLAGS.data_dir, schema.LABELS_FILE)
     if not os.path.exists(labels_file):
         raise ValueError("--labels_file %s does not exist" % labels_file)
     class_names = schema.read_labels(labels_file)
     preprocess = nets.preprocessing_spec(FLAGS.model_name, FLAGS.image_size,
                                          FLAGS.eval_central_fraction, FLAGS.max_image_pixels)
+    derived, notes = derived_defaults()
     fields = {f.name for f in dataclasses.fields(model.ModelConfig)} - set(_DERIVED_FIELDS)
     model_config = model.ModelConfig(
         num_classes=len(class_names), class_names=class_names,
         boundaries=[int(b) for b in FLAGS.boundaries],
         boundary_values=[float(v) for v in FLAGS.boundary_values],
-        **{name: FLAGS[name].value for name in fields}).validate()
+        **{name: derived.get(name, FLAGS[name].value) for name in fields}).validate()
+    if notes:
+        logging.info("defaults for this run: %s", "; ".join(notes))
     common = dict(preprocess=preprocess, shuffle_buffer=FLAGS.shuffle_buffer,
                   cycle_length=FLAGS.cycle_length, num_parallel_calls=FLAGS.num_parallel_calls,
                   prefetch=FLAGS.prefetch, cache=FLAGS.cache,
@@ -267,6 +302,21 @@ def _check_resume(model_config, repair):
     return resume
 
 
+def _check_warm_start():
+    """A --checkpoint_path of another net fails here, naming the --model_name to pass:
+    before the graph is built and before train.lock or anything else is written into
+    --model_dir. A run that resumes from its own checkpoint never reads it."""
+    if not FLAGS.checkpoint_path or FLAGS.mode == "eval":
+        return
+    if tf.io.gfile.isdir(FLAGS.model_dir):
+        try:
+            if checkpoints.listed_checkpoints(FLAGS.model_dir):
+                return  # a resume: the warm start is skipped (_check_resume checks the rest)
+        except checkpoints.CheckpointError:
+            return  # a broken state file: _check_resume names it
+    model.check_checkpoint_net(FLAGS.checkpoint_path, FLAGS.model_name)
+
+
 def _train(estimator, model_config, train_fn, eval_fn, eval_input):
     """Runs --mode; returns (eval result or None, exporters)."""
     hooks = [progress.ProgressHook(FLAGS.max_steps, FLAGS.batch_size, FLAGS.log_step_count_steps),
@@ -279,11 +329,11 @@ def _train(estimator, model_config, train_fn, eval_fn, eval_input):
         return None, []
     # Also --mode=train in a TF_CONFIG cluster: Estimator trains multi-worker only
     # through train_and_evaluate (evaluation then runs on an evaluator task).
-    exporters = []
+    exporters = [progress.EvalLogger()]  # one line per evaluation, before the exports
     if FLAGS.export and FLAGS.mode == "train_and_eval":
         # The command wires export in; the estimator library never imports export/.
         from slimserve.export import exporters as export_lib  # pylint: disable=g-import-not-at-top
-        exporters = export_lib.make_exporters(
+        exporters += export_lib.make_exporters(
             eval_input.preprocess, FLAGS.data_dir, FLAGS.eval_split,
             FLAGS.exports_to_keep, FLAGS.best_metric, FLAGS.verify_export,
             min_metric=FLAGS.export_min_metric, warmup_from=FLAGS.warmup_from)
@@ -301,7 +351,8 @@ def main(argv):
         model_config, train_input, eval_input = build_configs()
         train_fn = inputs.make_input_fn(FLAGS.data_dir, FLAGS.train_split, True, train_input)
         eval_fn = inputs.make_input_fn(FLAGS.data_dir, FLAGS.eval_split, False, eval_input)
-    except (ValueError, dataset.DatasetError) as error:
+        _check_warm_start()
+    except (ValueError, dataset.DatasetError) as error:  # WarmStartError too
         sys.exit("slimserve-train: %s" % error)
     chief = run_config.is_chief()
     # One trainer per model_dir: the chief locks it before writing anything there.
@@ -323,16 +374,20 @@ def main(argv):
     logging.info("done in %.1f s", time.time() - started)
     if result:
         print("eval: " + ", ".join("%s=%.4f" % (k, float(v)) for k, v in sorted(result.items())))
-    refused = [e for e in exporters if e.refusal and not e.exported]
+    gated = [e for e in exporters if hasattr(e, "refusal")]
+    refused = [e for e in gated if e.refusal and not e.exported]
     for exporter in refused:
         print("export/%s: nothing exported: %s" % (exporter.name, exporter.refusal),
               file=sys.stderr)
-    if refused:
+    for exporter in gated:
+        for path in exporter.exported:
+            print("exported %s" % path)
+    if refused and not any(e.exported for e in gated):
         sys.exit(EXIT_EXPORT_REFUSED)
 
 
 def run():
-    logs.run(main)
+    logs.run(main, concise=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""A newcomer's first hour: every command's --help lists its own flags, the mistakes a new
+user makes get an error naming the fix (before anything is written), the defaults fit
+the run, and the export gate refuses a model that has barely learnt.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent import futures
+
+import pytest
+
+from slimserve.estimator import model
+from slimserve.export import blessing
+from tests import slim_checkpoints
+from tests.helpers import IMAGE_SIZE, ROOT, run_cli
+
+
+def console_scripts():
+    """(script name, module) of every console script setup.py declares."""
+    with open(os.path.join(ROOT, "setup.py")) as handle:
+        found = re.findall(r'"(slimserve-[\w-]+)=([\w.]+):run"', handle.read())
+    assert len(found) >= 9, found
+    return found
+
+
+def _run_script(name, module, *args):
+    """Runs a console script as pip's wrapper does: argv[0] is the script's name, the
+    module is imported (not __main__)."""
+    code = ("import sys; sys.argv[0] = %r; from %s import run; sys.exit(run())"
+            % (name, module))
+    return subprocess.run([sys.executable, "-c", code] + list(args), capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+
+
+def _flags_in(text):
+    return set(re.findall(r"^\s+(?:-\w,)?--(?:\[no\])?(\w+):", text, re.MULTILINE))
+
+
+def _own_flags(helpfull, module):
+    """The flags --helpfull lists under the command module's own heading."""
+    section = re.search(r"^%s:\n(.*?)(?=^\S|\Z)" % re.escape(module), helpfull,
+                        re.MULTILINE | re.DOTALL)
+    assert section, "no section %s in --helpfull" % module
+    return _flags_in(section.group(1))
+
+
+def _help_pair(entry):
+    name, module = entry
+    return name, module, _run_script(name, module, "--help"), _run_script(
+        name, module, "--helpfull")
+
+
+def test_help_of_every_console_script_lists_its_own_flags():
+    with futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(_help_pair, console_scripts()))
+    for name, module, short, full in results:
+        own = _own_flags(full.stdout, module)
+        assert own, (name, full.stdout[:2000])
+        listed = _flags_in(short.stdout)
+        assert own <= listed, (name, sorted(own - listed), short.stdout[-1500:])
+        assert "verbosity" in listed, name
+        # Not the whole --helpfull: absl's and TensorFlow's other flags stay there.
+        assert "logtostderr" not in listed and "log_dir" not in listed, name
+        # The usage text is the command's own docstring, not "USAGE: <wrapper> [flags]".
+        assert short.stdout.lstrip().startswith(name), (name, short.stdout[:300])
+
+
+def test_data_dir_of_images_or_of_nothing_says_run_slimserve_convert(digits_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    images = run_cli("slimserve.cli.train", "--data_dir", digits_dir, "--model_dir",
+                     model_dir, "--max_steps", 1, check=False)
+    assert images.returncode != 0
+    assert ("slimserve-train: --data_dir %s holds images (e.g. %s" % (digits_dir, digits_dir)
+            in images.stderr), images.stderr[-2000:]
+    assert "run slimserve-convert --input=%s --output_dir=" % digits_dir in images.stderr
+    assert "--labels_file" not in images.stderr and "Traceback" not in images.stderr
+
+    missing = str(tmp_path / "no_such_dir")
+    nothing = run_cli("slimserve.cli.train", "--data_dir", missing, "--model_dir",
+                      model_dir, "--max_steps", 1, check=False)
+    assert nothing.returncode != 0
+    assert "--data_dir %s does not exist" % missing in nothing.stderr, nothing.stderr[-2000:]
+    assert "run slimserve-convert --input=<your image folder> --output_dir=%s" % missing \
+        in nothing.stderr
+    assert "--labels_file" not in nothing.stderr and "Traceback" not in nothing.stderr
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    blank = run_cli("slimserve.cli.train", "--data_dir", empty, "--model_dir", model_dir,
+                    "--max_steps", 1, check=False)
+    assert "--data_dir %s holds no data set" % empty in blank.stderr, blank.stderr[-2000:]
+    assert "slimserve-convert" in blank.stderr
+    assert not os.path.exists(model_dir)  # nothing written for any of the three
+
+
+def test_checkpoint_of_another_net_names_its_model_name_before_writing(digits_data,
+                                                                       tmp_path):
+    other = slim_checkpoints.make_imagenet_style_checkpoint(str(tmp_path / "v2"),
+                                                            model_name="resnet_v2_50")
+    model_dir = tmp_path / "run"
+    out = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+                  "--image_size", IMAGE_SIZE, "--max_steps", 1, "--checkpoint_path", other,
+                  "--checkpoint_exclude_scopes", "resnet_v1_50/logits", check=False)
+    assert out.returncode != 0
+    assert ("slimserve-train: --checkpoint_path %s is a resnet_v2_50 checkpoint (its variables "
+            "are under resnet_v2_50/) but --model_name=resnet_v1_50: pass "
+            "--model_name=resnet_v2_50 (and --checkpoint_exclude_scopes=resnet_v2_50/logits"
+            % other) in out.stderr, out.stderr[-2000:]
+    assert "ignore_missing_vars" not in out.stderr
+    # Found before the graph was built (no model_fn ran) and before the lock or flags.txt.
+    assert not os.path.exists(model_dir)
+    assert "warm start" not in out.stderr and "Traceback" not in out.stderr
+
+
+_DEFAULTS = """
+import json, sys
+from absl import flags
+from slimserve.cli import train
+result = []
+for case in sys.argv[1:]:
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["train", "--data_dir=d", "--model_dir=m"] + case.split())
+    result.append(train.derived_defaults()[0])
+print(json.dumps(result))
+"""
+
+
+def test_unset_epsilon_and_batch_norm_decay_follow_the_optimizer_and_run_length():
+    cases = ["--optimizer=adam --max_steps=300", "--optimizer=rmsprop --max_steps=5000",
+             "--optimizer=adam --opt_epsilon=0.5 --batch_norm_decay=0.99 --decay_steps=7",
+             "--max_steps=50"]
+    out = subprocess.run([sys.executable, "-c", _DEFAULTS] + cases, capture_output=True,
+                         text=True, cwd=ROOT, check=True, timeout=300)
+    adam, rmsprop, given, short = json.loads(out.stdout.strip().splitlines()[-1])
+    assert adam == {"opt_epsilon": 1e-8, "batch_norm_decay": 0.9667, "decay_steps": 300}
+    assert rmsprop == {"opt_epsilon": 1.0, "batch_norm_decay": 0.997, "decay_steps": 5000}
+    assert given == {}  # a flag given on the command line always wins
+    assert short == {"batch_norm_decay": 0.9, "decay_steps": 50}  # momentum: no epsilon
+    # A library user's ModelConfig gets the optimizer's epsilon too.
+    assert model.default_opt_epsilon("adam") == 1e-8
+    assert model.ModelConfig(optimizer="adam").opt_epsilon is None
+
+
+def test_auto_gate_refuses_a_barely_trained_model_and_states_the_rule():
+    barely = {"accuracy": 0.21, "mean_per_class_accuracy": 0.21, "global_step": 300}
+    with pytest.raises(blessing.ExportRefused) as refused:
+        blessing.check(barely, "auto", num_classes=10)
+    assert ("eval mean_per_class_accuracy 0.2100 at step 300 is not above 0.3700 "
+            "(--export_min_metric=auto: chance 1/10 = 0.1000") in str(refused.value)
+    assert "--export_min_metric=none" in str(refused.value)
+    # The flag overrides the rule either way.
+    assert "not gated" in blessing.check(barely, "none", num_classes=10)
+    assert ">= --export_min_metric 0.2" in blessing.check(barely, "0.2", num_classes=10)
+
+    trained = {"accuracy": 0.8, "mean_per_class_accuracy": 0.8, "global_step": 300}
+    line = blessing.check(trained, "auto", num_classes=10, best_seen=(0.85, 200))
+    assert line == ("eval mean_per_class_accuracy 0.8000 at step 300 clears "
+                    "--export_min_metric=auto: > 0.3700 (chance 1/10 = 0.1000, what always "
+                    "answering one class scores, plus 30% of the way to 1) and >= 0.7650 (90% "
+                    "of this run's best, 0.8500 at step 200)")
+    # Far below the run's best: not published over it.
+    with pytest.raises(blessing.ExportRefused, match=r"0\.8000 at step 300 is below 0\.8550 "
+                       r"\(--export_min_metric=auto: 90% of this run's best, 0\.9500 at step "
+                       r"200\)"):
+        blessing.check(trained, "auto", num_classes=10, best_seen=(0.95, 200))
+    # Two classes: chance is 0.5, the bar 0.65.
+    with pytest.raises(blessing.ExportRefused, match=r"is not above 0\.6500"):
+        blessing.check({"mean_per_class_accuracy": 0.6}, "auto", num_classes=2)
