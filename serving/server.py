@@ -281,8 +281,13 @@ class ModelServer:
                                        credentials, "--port")
         self.grpc_socket_path = options.grpc_socket_path or None
         if self.grpc_socket_path:
-            self._add_port(None, addresses.check_unix_socket_path(self.grpc_socket_path),
-                           credentials, "--grpc_socket_path")
+            path, served = addresses.check_unix_socket_path(self.grpc_socket_path)
+            if served:
+                logging.warning(
+                    "--grpc_socket_path %s: another server listens on it; taking it over as "
+                    "TF Serving (gRPC) does: new connections come here, that server keeps "
+                    "its open ones and its other ports", path)
+            self._add_port(None, path, credentials, "--grpc_socket_path")
         self._rest = None
         self.rest_api_port = 0
         if options.rest_api_port:

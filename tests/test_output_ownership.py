@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+import grpc
 import pytest
 import tensorflow as tf
 
@@ -113,34 +114,50 @@ def _serve(args, timeout=120):
     return out.returncode, out.stderr
 
 
-def test_a_second_server_refuses_a_served_grpc_port_or_socket(tmp_path):
-    """With SO_REUSEPORT a second server shared the first one's port, and on a Unix socket
-    it unlinked the first one's socket and bound its own: both now refuse to start,
-    naming the address, and the first server keeps serving on both."""
+def test_a_second_server_refuses_a_served_grpc_port_and_takes_a_socket_over(tmp_path):
+    """With SO_REUSEPORT a second server shared the first one's port: it now refuses to
+    start, naming the port, and the first keeps serving. A served Unix socket path is
+    taken over, as TF Serving (gRPC) does and its own suite relies on: the second server
+    says so, new connections on the path reach it, the first keeps its TCP port."""
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base)
     socket_path = str(tmp_path / "grpc.sock")
-    common = ["--model_name=tiny", "--model_base_path=%s" % base,
-              "--file_system_poll_wait_seconds=0"]
-    first, port, _ = start_server_process(common + ["--grpc_socket_path=%s" % socket_path],
-                                          prefix=["prlimit", "--as=%d" % (4 * 1024 ** 3)])
+    common = ["--model_base_path=%s" % base, "--file_system_poll_wait_seconds=0"]
+    cap = ["prlimit", "--as=%d" % (4 * 1024 ** 3)]
+    first, port, _ = start_server_process(
+        common + ["--model_name=tiny", "--grpc_socket_path=%s" % socket_path], prefix=cap)
+    second = None
     try:
-        code, stderr = _serve(common + ["--port=%d" % port, "--rest_api_port=0"])
+        code, stderr = _serve(common + ["--model_name=tiny", "--port=%d" % port,
+                                        "--rest_api_port=0"])
         assert code == 1 and ("slimserve-server: --port %d: cannot bind gRPC to "
                               "127.0.0.1:%d: port %d is already in use" % (port, port, port)
                               ) in stderr, stderr[-2000:]
-        code, stderr = _serve(common + ["--port=0", "--rest_api_port=0",
-                                        "--grpc_socket_path=%s" % socket_path])
-        assert code == 1 and ("slimserve-server: --grpc_socket_path %s is already served by "
-                              "another process" % socket_path) in stderr, stderr[-2000:]
         assert "Traceback" not in stderr
+        second, _, second_err = start_server_process(
+            common + ["--model_name=other", "--grpc_socket_path=%s" % socket_path],
+            prefix=cap, stderr=subprocess.PIPE)
+        names = {}
         for target in ("127.0.0.1:%d" % port, "unix:%s" % socket_path):
-            client = client_lib.Client(target, "tiny", retries=0, timeout=10)
-            assert client.status()[0][1] == "AVAILABLE"
-            client.close()
+            for name in ("tiny", "other"):
+                client = client_lib.Client(target, name, retries=0, timeout=10)
+                try:
+                    names.setdefault(target, []).append((name, client.status()[0][1]))
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.NOT_FOUND
+                finally:
+                    client.close()
+        assert names == {"127.0.0.1:%d" % port: [("tiny", "AVAILABLE")],
+                         "unix:%s" % socket_path: [("other", "AVAILABLE")]}
+        second.terminate()
+        second.wait(timeout=60)
+        assert ("--grpc_socket_path %s: another server listens on it; taking it over"
+                % socket_path) in second.stderr.read()
     finally:
-        first.terminate()
-        first.wait(timeout=60)
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=60)
 
 
 def test_unusable_socket_paths_get_one_line_errors(tmp_path):

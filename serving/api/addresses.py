@@ -1,10 +1,16 @@
-"""One server per address: clear refusals before gRPC or REST binds a port or Unix socket.
+"""One server per port, and clear refusals, before gRPC or REST binds a port or Unix socket.
 
 gRPC's own failures are one opaque RuntimeError ("Failed to bind to address ...") or, worse,
 none at all: with SO_REUSEPORT (gRPC's default) a second server shares a TCP port with the
-first, and on a Unix socket path gRPC unlinks whatever is there and binds anew, so a second
-server silently steals the socket of a running one. ModelServer binds gRPC with
-`grpc.so_reuseport` 0 and checks here first; every error names the flag and the address.
+first and takes part of its connections. ModelServer binds gRPC with `grpc.so_reuseport` 0
+and checks here first; every error names the flag and the address.
+
+A Unix socket path a running server listens on is the exception: gRPC unlinks it and binds
+anew, so the new server takes the path over (the old one keeps its open connections and
+gets no new ones). That is TF Serving's behaviour, which its own integration suite relies
+on (every server it starts binds /tmp/tf-serving.sock, and it keeps them all running), and
+it lets a restart on one host hand the path to the new process before the old one exits.
+So it is not refused: `check_unix_socket_path` says so, and the server logs it.
 """
 import errno
 import os
@@ -22,9 +28,10 @@ def _kind(mode):
 
 
 def check_unix_socket_path(path, flag="--grpc_socket_path"):
-    """The absolute form of `path`, once it is a path a new server may bind: its folder
-    exists, it fits a sockaddr_un, and it is nothing or a socket no process listens on
-    (a stale one, which gRPC replaces). ValueError naming the flag otherwise."""
+    """(absolute path, True when a running server listens on it) once `path` is one a new
+    server may bind: its folder exists, it fits a sockaddr_un, and it is nothing or a
+    socket (a stale one, or a served one the new server takes over, as gRPC does).
+    ValueError naming the flag otherwise."""
     absolute = os.path.abspath(path)
     if len(os.fsencode(absolute)) > MAX_UNIX_PATH_BYTES:
         raise ValueError("%s %s: %d bytes, longer than the %d a Unix socket path may have; "
@@ -36,7 +43,7 @@ def check_unix_socket_path(path, flag="--grpc_socket_path"):
     try:
         mode = os.lstat(absolute).st_mode
     except FileNotFoundError:
-        return absolute
+        return absolute, False
     if not stat.S_ISSOCK(mode):
         raise ValueError("%s %s exists and is %s; refusing to replace it with a socket"
                          % (flag, absolute, _kind(mode)))
@@ -45,14 +52,13 @@ def check_unix_socket_path(path, flag="--grpc_socket_path"):
     try:
         probe.connect(absolute)
     except (ConnectionRefusedError, FileNotFoundError):
-        return absolute  # stale: left by a server that is gone
+        return absolute, False  # stale: left by a server that is gone
     except OSError as error:
         raise ValueError("%s %s: cannot use it: %s" % (flag, absolute, error.strerror or error)
                          ) from None
     finally:
         probe.close()
-    raise ValueError("%s %s is already served by another process (a server listens on it); "
-                     "stop that server or choose another path" % (flag, absolute))
+    return absolute, True
 
 
 def tcp_bind_error(host, port):
