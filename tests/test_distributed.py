@@ -57,7 +57,8 @@ def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data, 
     model_dir = tmp_path / "cluster"
     args = [sys.executable, "-m", "slimserve.cli.train", "--data_dir", digits_data,
             "--model_dir", str(model_dir), "--max_steps", "12", "--save_checkpoints_steps",
-            "12", "--mode", "train"] + [str(a) for a in COMMON]
+            "12", "--mode", "train",
+            "--verbosity", "1"] + [str(a) for a in COMMON]  # 1: TF's RunConfig dump is logged
     processes = {}
     logs = {}
     for task_type in ("ps", "worker", "chief"):
