@@ -407,6 +407,7 @@ def closed_loop(target, requests, concurrency, seconds, warmup=1.0):
     a light client (futures, no client threads), so the server is what is measured.
     -> {"images_per_s", "p50_ms", "p99_ms", "errors", "latencies_ms"}."""
     import grpc  # pylint: disable=import-outside-toplevel
+    import queue as queue_lib  # pylint: disable=import-outside-toplevel
     import threading  # pylint: disable=import-outside-toplevel
     channel = grpc.insecure_channel(target, options=[
         ("grpc.max_receive_message_length", 256 * 2 ** 20)])
@@ -437,12 +438,29 @@ def closed_loop(target, requests, concurrency, seconds, warmup=1.0):
                 state["open"] -= 1
                 lock.notify_all()
         if again:
+            relaunch.put(None)
+
+    relaunch = queue_lib.Queue()
+
+    def relaunch_loop():
+        """Sends each next request from its own thread, not from gRPC's done-callback:
+        a call started there was held back while the other answers' callbacks ran, so
+        a server waiting for a full batch (batch_timeout_micros) got the last request
+        of each round a timeout late (tuned c=8 rows: 540 ms p50 for a 31 ms batch)."""
+        while True:
+            item = relaunch.get()
+            if item == "stop":
+                return
             launch()
 
+    sender = threading.Thread(target=relaunch_loop, daemon=True)
+    sender.start()
     for _ in range(concurrency):
         launch()
     with lock:
         lock.wait_for(lambda: state["open"] == 0, timeout=warmup + seconds + 180)
+    relaunch.put("stop")
+    sender.join(timeout=10)
     channel.close()
     latencies = np.array(state["latencies"] or [float("nan")]) * 1e3
     return {"images_per_s": state["done"] / seconds, "errors": state["errors"],
