@@ -211,3 +211,15 @@ def test_development_layout_lists_every_file():
     gone = sorted(p for p in listed if not os.path.isfile(os.path.join(ROOT, p)) or (
         p.split("/")[0] in LAYOUT_FOLDERS and p not in actual))
     assert not gone, "docs/development.md's layout names files that do not exist: %s" % gone
+
+
+def test_compatibility_page_names_every_slimserve_only_flag():
+    """A flag TF Serving lacks is named where a TF Serving user looks for the differences."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    from slimserve.serving import options  # pylint: disable=import-outside-toplevel
+    own = [f.name for f in dataclasses.fields(options.ServerOptions)
+           if f.metadata.get("slimserve_only")]
+    assert own, "no field is marked slimserve only"
+    with open(os.path.join(ROOT, "docs", "tfserving-compatibility.md")) as handle:
+        page = handle.read()
+    assert not [name for name in own if "`--%s`" % name not in page]
