@@ -8,9 +8,9 @@ and checks here first; every error names the flag and the address.
 A Unix socket path a running server listens on is the exception: gRPC unlinks it and binds
 anew, so the new server takes the path over (the old one keeps its open connections and
 gets no new ones). That is TF Serving's behaviour, which its own integration suite relies
-on (every server it starts binds /tmp/tf-serving.sock, and it keeps them all running), and
-it lets a restart on one host hand the path to the new process before the old one exits.
-So it is not refused: `check_unix_socket_path` says so, and the server logs it.
+on (every server it starts binds /tmp/tf-serving.sock, and it keeps them all running), so
+it is not refused: `check_unix_socket_path` says so, and the server logs it. When the old
+server stops, gRPC removes the path (whoever owns it by then), as in TF Serving.
 """
 import errno
 import os
