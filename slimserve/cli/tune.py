@@ -155,10 +155,7 @@ def main(argv):
                                     if batching_file else " (no batching)"))
     print("slimserve-server --flagfile=%s" % FLAGS.output_flags)
     print("tensorflow_model_server %s" % " ".join(tfserving))
-    if reference is not None:
-        print("TF Serving's documented CPU starting point: %.1f img/s, p99 %.1f ms (%.2fx)" % (
-            reference["images_per_s"], reference["p99_ms"],
-            best["images_per_s"] / reference["images_per_s"]))
+    tuning.print_reference(best, reference)
 
 
 def run():

@@ -64,10 +64,7 @@ def main(argv):
     print("chosen: %s (%.1f img/s, p99 %.1f ms) -> %s" % (
         tuner_lib.setting_of(best).batching.label(), best["images_per_s"], best["p99_ms"],
         FLAGS.output_config))
-    if reference is not None:
-        print("TF Serving's documented CPU starting point: %.1f img/s, p99 %.1f ms (%.2fx)" % (
-            reference["images_per_s"], reference["p99_ms"],
-            best["images_per_s"] / reference["images_per_s"]))
+    tuning.print_reference(best, reference)
 
 
 def run():

@@ -106,6 +106,15 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+def print_reference(best, reference):
+    """How the chosen setting compares with TF Serving's documented CPU starting point
+    (find_reference's row; nothing when that setting was not measured)."""
+    if reference is not None:
+        print("TF Serving's documented CPU starting point: %.1f img/s, p99 %.1f ms (%.2fx)" % (
+            reference["images_per_s"], reference["p99_ms"],
+            best["images_per_s"] / reference["images_per_s"]))
+
+
 def _on_signal(signum, frame):
     """SIGTERM to every server child (so in-flight load fails at once), then unwind once;
     a second signal only repeats the SIGTERM."""
