@@ -407,7 +407,6 @@ def closed_loop(target, requests, concurrency, seconds, warmup=1.0):
     a light client (futures, no client threads), so the server is what is measured.
     -> {"images_per_s", "p50_ms", "p99_ms", "errors", "latencies_ms"}."""
     import grpc  # pylint: disable=import-outside-toplevel
-    import queue as queue_lib  # pylint: disable=import-outside-toplevel
     import threading  # pylint: disable=import-outside-toplevel
     channel = grpc.insecure_channel(target, options=[
         ("grpc.max_receive_message_length", 256 * 2 ** 20)])
@@ -438,29 +437,12 @@ def closed_loop(target, requests, concurrency, seconds, warmup=1.0):
                 state["open"] -= 1
                 lock.notify_all()
         if again:
-            relaunch.put(None)
-
-    relaunch = queue_lib.Queue()
-
-    def relaunch_loop():
-        """Sends each next request from its own thread, not from gRPC's done-callback:
-        a call started there was held back while the other answers' callbacks ran, so
-        a server waiting for a full batch (batch_timeout_micros) got the last request
-        of each round a timeout late (tuned c=8 rows: 540 ms p50 for a 31 ms batch)."""
-        while True:
-            item = relaunch.get()
-            if item == "stop":
-                return
             launch()
 
-    sender = threading.Thread(target=relaunch_loop, daemon=True)
-    sender.start()
     for _ in range(concurrency):
         launch()
     with lock:
         lock.wait_for(lambda: state["open"] == 0, timeout=warmup + seconds + 180)
-    relaunch.put("stop")
-    sender.join(timeout=10)
     channel.close()
     latencies = np.array(state["latencies"] or [float("nan")]) * 1e3
     return {"images_per_s": state["done"] / seconds, "errors": state["errors"],
@@ -530,8 +512,14 @@ def parse_variants(texts):
         precision = ("bf16" if "--mixed_precision=bfloat16" in flags else
                      "xla" if any(f.startswith("--xla_cpu_compilation_enabled") and
                                   not f.endswith("false") for f in flags) else "fp32")
-        variants.append((name.strip(), precision, flags,
-                         [int(x) for x in levels.split(",")] if levels else None))
+        levels = [int(x) for x in levels.split(",")] if levels else None
+        for other in variants:  # one row per name and concurrency, or the table is ambiguous
+            if other[0] == name.strip() and (levels is None or other[3] is None or
+                                             set(levels) & set(other[3])):
+                raise SystemExit("--variant %r: another variant named %r has rows at the "
+                                 "same concurrency; give it other @LEVELS or another name"
+                                 % (text, other[0]))
+        variants.append((name.strip(), precision, flags, levels))
     return variants
 
 
@@ -552,9 +540,9 @@ def limit_section(args, photos):
         limits = {p: InProcessLimit(export_dir, p, images) for p in precisions}
         servers = {}
         try:
-            for name, _, flags, _ in variants:
+            for index, (_, _, flags, _) in enumerate(variants):
                 root = flags[0][1:] if flags and flags[0].startswith("@") else None
-                servers[name] = start_server(base, False, None, root=root,
+                servers[index] = start_server(base, False, None, root=root,
                                              extra_args=flags[1:] if root else flags)
             limit_table(args, size, variants, limits, servers, images, digits)
         finally:
@@ -571,9 +559,9 @@ def limit_table(args, size, variants, limits, servers, images, digits):
     # agreement with float32 on every validation digit, served end to end
     reference = limits["fp32"].probabilities(digits)
     agreement = {}
-    for name, _, _, _ in variants:
-        got = served_probabilities(servers[name][1], digits)
-        agreement[name] = (float(np.mean(got.argmax(1) == reference.argmax(1))),
+    for index in range(len(variants)):
+        got = served_probabilities(servers[index][1], digits)
+        agreement[index] = (float(np.mean(got.argmax(1) == reference.argmax(1))),
                            float(np.abs(got - reference).max()))
     for precision, limit in limits.items():
         got = limit.probabilities(digits)
@@ -591,42 +579,47 @@ def limit_table(args, size, variants, limits, servers, images, digits):
     requests = predict_requests(images)
     for _, target, _ in servers.values():  # warm each server at every batch size it forms
         closed_loop(target, requests, max(levels), 2.0, warmup=0.5)
-    rows = [("limit", p, None) for p in limits] + [
-        (name, precision, level) for level in levels for name, precision, _, only in variants
+    # a row: (name, precision, concurrency, variant index); a name may repeat across
+    # variants tuned for different concurrencies ("fp32 tuned@8", "fp32 tuned@16"), so
+    # servers and agreement are keyed by the variant's index, never by its name
+    rows = [("limit", p, None, None) for p in limits] + [
+        (name, precision, level, index) for level in levels
+        for index, (name, precision, _, only) in enumerate(variants)
         if only is None or level in only]
     seen = {row: [] for row in rows}
     batch_rows = {}
     for round_index in range(args.rounds):
         turn = round_index % len(rows)
         for row in rows[turn:] + rows[:turn]:
-            name, precision, level = row
+            name, precision, level, index = row
             if level is None:
                 limit = limits[precision]
                 seen[row].append({"images_per_s": limit.rate(limit.batch, args.limit_seconds),
                                   "p50_ms": float("nan"), "p99_ms": float("nan"),
                                   "errors": 0, "latencies_ms": []})
                 continue
-            before = batch_totals(servers[name][2])
-            seen[row].append(closed_loop(servers[name][1], requests, level,
+            before = batch_totals(servers[index][2])
+            seen[row].append(closed_loop(servers[index][1], requests, level,
                                          args.limit_seconds))
-            after = batch_totals(servers[name][2])
+            after = batch_totals(servers[index][2])
             got = batch_rows.setdefault(row, [0, 0])
             got[0] += after[0] - before[0]
             got[1] += after[1] - before[1]
         print("round %d done" % (round_index + 1), flush=True)
     table = []
     for row in rows:
-        name, precision, level = row
+        name, precision, level, index = row
         rates = np.array([r["images_per_s"] for r in seen[row]])
-        limit_rates = np.array([r["images_per_s"] for r in seen[("limit", precision, None)]])
-        fp32_row = ("limit", "fp32", None) if level is None else next(
+        limit_rates = np.array([r["images_per_s"] for r in
+                                seen[("limit", precision, None, None)]])
+        fp32_row = ("limit", "fp32", None, None) if level is None else next(
             (r for r in rows if r[2] == level and r[1] == "fp32"
              and r[0].split()[1:] == name.split()[1:]), None)
         vs_fp32 = ("%.2f" % np.median(rates / np.array(
             [r["images_per_s"] for r in seen[fp32_row]])) if fp32_row else "")
         latencies = [x for r in seen[row] for x in r["latencies_ms"]]
         rows_batches = batch_rows.get(row)
-        agree = agreement["limit " + precision if level is None else name]
+        agree = agreement["limit " + precision if level is None else index]
         # c clients can form batches of at most c: the in-process rate at the best such
         # batch (from the search) is what serving could reach at that concurrency
         by_batch = limits[precision].by_batch
