@@ -27,31 +27,41 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
     """One closed-loop run; returns a dict of latency percentiles (ms), rates, errors and
     the raw latencies (`latencies_ms`, for callers that pool several runs).
     Request i sends images[(first_index + i) * batch_size ...] as `input_key`
-    (Client.image_input_key finds a served signature's)."""
+    (Client.image_input_key finds a served signature's).
+
+    `steady_*`: the same figures over the steady part only, the answers that came while
+    all `concurrency` clients were still sending. Once the first client runs out of
+    requests (or time) the load drains, and a batching server then waits out
+    batch_timeout_micros for batches that no longer fill: that tail says how the load
+    ended, not how the server serves, so the tuners compare settings on the steady part."""
     counter = iter(range(first_index, first_index + requests))
     lock = threading.Lock()
-    latencies, errors = [], {}
+    latencies, finished, errors = [], [], {}
     deadline = time.perf_counter() + max_seconds
+    draining = []  # when the first client stopped sending
 
     def worker():
         while time.perf_counter() < deadline:
             with lock:
                 index = next(counter, None)
             if index is None:
-                return
+                break
             batch = [images[(index * batch_size + i) % len(images)] for i in range(batch_size)]
             started = time.perf_counter()
             try:
                 client.predict({input_key: batch}, signature_name)
-                elapsed = time.perf_counter() - started
+                now = time.perf_counter()
                 with lock:
-                    latencies.append(elapsed)
+                    latencies.append(now - started)
+                    finished.append(now)
             except Exception as error:  # pylint: disable=broad-except
                 name = error.code().name if hasattr(error, "code") else type(error).__name__
                 with lock:
                     errors[name] = errors.get(name, 0) + 1
             if progress:
                 progress()
+        with lock:
+            draining.append(time.perf_counter())
 
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
@@ -59,12 +69,20 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
             future.result()
     wall = time.perf_counter() - started
     millis = np.array(latencies) * 1000.0 if latencies else np.array([float("nan")])
+    steady_end = min(draining)
+    steady = [ms for ms, at in zip(millis, finished) if at <= steady_end]
+    steady_wall = steady_end - started
+    steady_ms = np.array(steady) if steady else np.array([float("nan")])
     return {
         "concurrency": concurrency, "batch_size": batch_size, "requests": len(latencies),
         "errors": errors, "seconds": round(wall, 3),
         "requests_per_s": len(latencies) / wall, "images_per_s": len(latencies) * batch_size / wall,
         "p50_ms": float(np.percentile(millis, 50)), "p90_ms": float(np.percentile(millis, 90)),
         "p99_ms": float(np.percentile(millis, 99)), "latencies_ms": millis.tolist(),
+        "steady_requests": len(steady), "steady_seconds": round(steady_wall, 3),
+        "steady_images_per_s": len(steady) * batch_size / steady_wall if steady_wall > 0 else 0.0,
+        "steady_p50_ms": float(np.percentile(steady_ms, 50)),
+        "steady_p99_ms": float(np.percentile(steady_ms, 99)),
     }
 
 
