@@ -33,7 +33,10 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
     all `concurrency` clients were still sending. Once the first client runs out of
     requests (or time) the load drains, and a batching server then waits out
     batch_timeout_micros for batches that no longer fill: that tail says how the load
-    ended, not how the server serves, so the tuners compare settings on the steady part."""
+    ended, not how the server serves, so the tuners compare settings on the steady part.
+    A request still in flight when the steady part ends is left out of it whatever its
+    age (a server that starved one request would hide it there): the totals keep every
+    answer, so read them too when the steady figures look better than they should."""
     counter = iter(range(first_index, first_index + requests))
     lock = threading.Lock()
     latencies, finished, errors = [], [], {}
