@@ -703,10 +703,11 @@ def main():
                         help="limit section: training steps of the digits model.")
     parser.add_argument("--variant", action="append", default=[],
                         help="limit section: 'NAME[@LEVELS]=SERVER FLAGS' (repeat), e.g. "
-                             "'bf16 tuned@8=--enable_batching --batching_parameters_file="
-                             "benchmarks/batching_224.config --mixed_precision=bfloat16'; the "
+                             "'bf16 tuned@32=--enable_batching --batching_parameters_file="
+                             "benchmarks/tuned_224.config --mixed_precision=bfloat16'; the "
                              "precision is read off the flags; @LEVELS: only at those "
-                             "concurrencies; '@DIR' first in the flags runs that checkout's "
+                             "concurrencies (one name may repeat at other levels, not at the "
+                             "same one); '@DIR' first in the flags runs that checkout's "
                              "server. 'vs fp32' compares a row with the fp32 row whose name "
                              "has the same words after the first. Default: fp32, bf16 and "
                              "xla with --enable_batching's defaults.")
