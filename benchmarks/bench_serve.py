@@ -233,9 +233,8 @@ def overhead_at(size, images, image_path, pairs, baseline_root=None):
 
 
 def tiny_model(base):
-    """tests/tiny_models.py's SavedModel (inference costs ~nothing) under `base`."""
-    sys.path.insert(0, os.path.join(common.ROOT, "tests"))
-    import tiny_models  # pylint: disable=import-outside-toplevel
+    """slimserve/testing/tiny_models.py's SavedModel (inference costs ~nothing) under `base`."""
+    from slimserve.testing import tiny_models  # pylint: disable=import-outside-toplevel
     if not writer.list_versions(base):
         tiny_models.write_tiny_model(base)
     return base

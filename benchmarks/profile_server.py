@@ -7,7 +7,7 @@ concurrency by a gRPC client, and py-spy's top functions are printed as text.
     python benchmarks/profile_server.py --model digits --image_size 224 --concurrency 8 \
         --server_args "--enable_batching" --idle
 
-`tiny` is tests/tiny_models.py's SavedModel (inference costs ~nothing: the server's own
+`tiny` is slimserve/testing/tiny_models.py's SavedModel (inference costs ~nothing: the server's own
 per-request work shows); `digits` is resnet_v1_50 at --image_size (32) as bench_serve.py
 makes it. By default only samples of threads holding the GIL count (where the server's
 Python time goes); --idle counts every thread's samples (where threads wait).
@@ -33,8 +33,7 @@ PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
 def tiny_request():
     """(base path, serialized PredictRequest) for the tiny model, one row."""
-    sys.path.insert(0, os.path.join(common.ROOT, "tests"))
-    import tiny_models  # pylint: disable=import-outside-toplevel
+    from slimserve.testing import tiny_models  # pylint: disable=import-outside-toplevel
     base = os.path.join(common.WORK, "tiny_models", "tiny")
     if not os.path.isdir(os.path.join(base, "1")):
         tiny_models.write_tiny_model(base)

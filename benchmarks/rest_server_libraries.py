@@ -119,8 +119,7 @@ def main():
     if args.serve:
         return (_serve_waitress if args.serve == "waitress" else _serve_aiohttp)(
             args.model_dir, args.port)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    import tiny_models  # pylint: disable=import-outside-toplevel
+    from slimserve.testing import tiny_models  # pylint: disable=import-outside-toplevel
     with tempfile.TemporaryDirectory() as tmp:
         tiny_models.write_tiny_model(tmp)
         rows = []

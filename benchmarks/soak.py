@@ -99,7 +99,7 @@ from tensorflow_serving.apis import regression_pb2  # noqa: E402
 from slimserve.serving import server as server_lib  # noqa: E402
 from slimserve.serving.observability import metrics as metrics_lib  # noqa: E402
 from slimserve.serving.observability import request_log  # noqa: E402
-from tests import tiny_models  # noqa: E402
+from slimserve.testing import tiny_models  # noqa: E402
 
 C = grpc.StatusCode
 BIG_EVERY_SECONDS = 10.0  # per valid client: a 4 MiB Predict (a 10 MiB log record)

@@ -33,7 +33,7 @@ def digits_data(tmp_path_factory, digits_dir):
 def imagenet_checkpoint(tmp_path_factory):
     """A resnet_v1_50 checkpoint shaped like the official one (1000-class head, slim
     names, non-trivial BatchNorm statistics), made once per session."""
-    from tests import slim_checkpoints  # pylint: disable=import-outside-toplevel
+    from slimserve.testing import slim_checkpoints  # pylint: disable=import-outside-toplevel
     return slim_checkpoints.make_imagenet_style_checkpoint(
         str(tmp_path_factory.mktemp("pretrained")))
 

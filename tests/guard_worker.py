@@ -1,5 +1,5 @@
 """Run by test_image_guard.py in a memory-capped interpreter: feeds every bomb in
-tests/image_bombs.py to an exported SavedModel's decoding signatures and to the train
+slimserve/testing/image_bombs.py to an exported SavedModel's decoding signatures and to the train
 and eval input pipelines, and prints one JSON line with each outcome and the peak RSS
 before and after the bombs.
 
@@ -19,7 +19,7 @@ from slimserve.estimator import preprocessing  # noqa: E402  pylint: disable=wro
 from slimserve.estimator import schema  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.export import signatures  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.export import verify  # noqa: E402  pylint: disable=wrong-import-position
-from tests import image_bombs  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.testing import image_bombs  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def peak_rss_mb():

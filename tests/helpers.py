@@ -1,5 +1,6 @@
 """What the test modules share besides fixtures: where the repository is, how a command
-runs as a user would run it, and how to wait for a condition without sleeping blind."""
+runs as a user would run it, and which outside tools a test needs. Models, servers, waits
+and memory caps are in slimserve/testing/ (shared with the benchmarks)."""
 import os
 import subprocess
 import sys
@@ -18,30 +19,6 @@ def run_cli(module, *args, check=True, timeout=900, env=None):
         raise AssertionError("%s failed (%d):\n%s\n%s" % (
             module, process.returncode, process.stdout[-3000:], process.stderr[-6000:]))
     return process
-
-
-def wait_until(condition, timeout=30.0, interval=0.02, message="condition"):
-    """Polls condition() until it returns something truthy, which is returned; fails the
-    test with `message` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, message))
-        time.sleep(interval)
-
-
-def serve_in_process(served_models, **options):
-    """A started in-process ModelServer for [ServedModel]: gRPC and REST on free ports
-    (rest_api_port=0 for none), file-system polling off unless given. `options` are
-    ServerOptions fields (the server's flag names)."""
-    from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
-    options.setdefault("port", server_lib.PICK_FREE_PORT)
-    options.setdefault("rest_api_port", server_lib.PICK_FREE_PORT)
-    options.setdefault("file_system_poll_wait_seconds", 0)
-    return server_lib.ModelServer(model_server_config=served_models, **options).start()
 
 
 def start_server_process(args, prefix=(), timeout=300, **popen):

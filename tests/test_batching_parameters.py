@@ -20,8 +20,8 @@ from slimserve.serving.core import batching
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.tools import client as client_lib
-from tests import tiny_models
-from tests.helpers import serve_in_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
 
 SLOW = 500 * 1000  # a batch timeout long enough for concurrent requests to meet
 

@@ -22,7 +22,8 @@ from slimserve.serving.tools import bulk_predict
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.cli import beam as beam_cli
-from tests.helpers import ROOT, serve_in_process
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import ROOT
 
 
 def read_rows(path):

@@ -16,7 +16,7 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.observability import metrics as metrics_lib
-from tests import tiny_models
+from slimserve.testing import tiny_models
 from tests.helpers import start_server_process
 
 CAP = ["prlimit", "--as=%d" % (3 * 1024 ** 3)]

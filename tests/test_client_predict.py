@@ -13,7 +13,8 @@ from PIL import Image
 
 from slimserve.serving.config import model_config
 from slimserve.serving.tools import client as client_lib
-from tests.helpers import run_cli, serve_in_process
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import run_cli
 
 COLOURS = ("red", "green", "blue")
 

@@ -20,8 +20,8 @@ from slimserve.serving.core import batching
 from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
-from tests import tiny_models
-from tests.helpers import serve_in_process, wait_until
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process, wait_until
 
 ONE = np.ones([1, 1], np.float32)
 

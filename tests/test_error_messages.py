@@ -19,8 +19,9 @@ from slimserve.serving import server as server_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.core import version_dirs
 from slimserve.serving.tools import client as client_lib
-from tests.helpers import ROOT, run_cli, serve_in_process, start_server_process
-from tests.tiny_models import write_tiny_model
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import ROOT, run_cli, start_server_process
+from slimserve.testing.tiny_models import write_tiny_model
 
 SERVABLE_NOT_FOUND = "Servable not found for request: Latest(%s)"
 

@@ -22,7 +22,8 @@ from slimserve.export import verify
 from slimserve.serving.config.model_config import ServedModel
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import tflite_model
-from tests.helpers import run_cli, serve_in_process
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import run_cli
 
 
 @pytest.fixture(scope="module")

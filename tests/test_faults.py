@@ -12,7 +12,8 @@ from slimserve.estimator import schema
 from slimserve.serving.core import errors
 from slimserve.serving.config import model_config
 from slimserve.serving.core import manager as manager_lib
-from tests.helpers import IMAGE_SIZE, ROOT, run_cli, wait_until
+from slimserve.testing.servers import wait_until
+from tests.helpers import IMAGE_SIZE, ROOT, run_cli
 
 
 def _kill_when(args, ready, timeout=300):

@@ -13,7 +13,7 @@ import pytest
 
 from slimserve.estimator import model
 from slimserve.export import blessing
-from tests import slim_checkpoints
+from slimserve.testing import slim_checkpoints
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli
 
 

@@ -23,8 +23,8 @@ from slimserve.serving.config import model_config  # pylint: disable=import-outs
 
 from slimserve.serving.core import version_policy  # pylint: disable=import-outside-toplevel
 from slimserve.serving import server as server_lib
-from tests import tiny_models
-from tests.helpers import serve_in_process, wait_until
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process, wait_until
 
 ROWS = [(1.0, 2.0), (-3.0, 0.5), (0.0, 0.0)]
 

@@ -15,7 +15,7 @@ from PIL import Image
 from slimserve.estimator import nets
 from slimserve.estimator import preprocessing
 from slimserve.export import receivers
-from tests import image_bombs
+from slimserve.testing import image_bombs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "guard_worker.py")

@@ -12,8 +12,8 @@ from slimserve.serving.config import model_config
 from slimserve.serving.core import batching
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.tools import client as client_lib
-from tests import tiny_models
-from tests.helpers import serve_in_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
 
 # monitoring::Buckets::Exponential(scale, growth, count) as TF Serving's exporter prints
 # its bounds (absl::StrCat: six significant digits), then +Inf.

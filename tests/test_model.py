@@ -8,7 +8,7 @@ import tensorflow as tf
 from slimserve.estimator import inputs
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
-from tests import slim_checkpoints
+from slimserve.testing import slim_checkpoints
 
 HEAD = "resnet_v1_50/logits"
 EARLY = ["resnet_v1_50/conv1", "resnet_v1_50/block1", "resnet_v1_50/block2"]

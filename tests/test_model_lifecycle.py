@@ -1,7 +1,7 @@
 """Versions come and go without an outage: broken or half-copied successors, retries,
 run-time reloads of the model set, version labels and the version-state metrics.
 
-Real SavedModels (tests/tiny_models.py) copied the way `cp -r` copies them; the manager
+Real SavedModels (slimserve/testing/tiny_models.py) copied the way `cp -r` copies them; the manager
 is polled by calling poll() directly, so every step is deterministic.
 """
 import os
@@ -21,8 +21,8 @@ from slimserve.serving.config import model_config
 from slimserve.serving.core import manager as manager_lib
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_policy
-from tests import tiny_models
-from tests.helpers import serve_in_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
 
 NEVER_MICROS = 3600 * 1000 * 1000  # a retry interval no test outlives
 

@@ -24,8 +24,9 @@ from slimserve.serving.core import version_policy
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 from slimserve.serving.core import servable as servable_lib
-from tests import tiny_models
-from tests.helpers import require_tool, run_cli, serve_in_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import require_tool, run_cli
 
 
 

@@ -21,7 +21,7 @@ from slimserve.serving.config import model_config
 from slimserve.serving.config import session as session_lib
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.tools import client as client_lib
-from tests.helpers import serve_in_process
+from slimserve.testing.servers import serve_in_process
 
 # The session fixture's model trains 60 steps (~87% accurate): bfloat16's 8-bit mantissa
 # moves probabilities by up to ~0.25, which flips a few of its many unsure answers

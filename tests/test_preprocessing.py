@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from slimserve.estimator import nets
 from slimserve.estimator import preprocessing
-from tests import image_bombs
+from slimserve.testing import image_bombs
 
 
 def _disc_width_over_height(pixels):

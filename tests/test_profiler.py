@@ -16,8 +16,8 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.api import profiler_service
 from slimserve.serving.config.model_config import ServedModel
-from tests import tiny_models
-from tests.helpers import serve_in_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_enable_profiler_false_leaves_the_service_out(tiny_base, tmp_path):
 
 def test_tflite_runs_show_in_the_trace(tmp_path):
     """TFLite kernels are not TensorFlow ops: each interpreter run is one event."""
-    from tests import tflite_models  # pylint: disable=import-outside-toplevel
+    from slimserve.testing import tflite_models  # pylint: disable=import-outside-toplevel
     base = tmp_path / "lite"
     tflite_models.half_plus_two(base)
     server = serve_in_process([ServedModel("tiny", str(base))], rest_api_port=0,

@@ -19,8 +19,9 @@ from tensorflow_serving.config import model_server_config_pb2
 from slimserve.serving import server as server_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.observability import request_log
-from tests import tiny_models
-from tests.helpers import run_cli, wait_until
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import wait_until
+from tests.helpers import run_cli
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 

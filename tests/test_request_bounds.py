@@ -1,7 +1,7 @@
 """Hostile requests cost no more than their size justifies, responses fill TF Serving's
 typed fields, and client-facing errors name no server paths.
 
-Real gRPC and HTTP on loopback against the tiny SavedModel (tests/tiny_models.py): the
+Real gRPC and HTTP on loopback against the tiny SavedModel (slimserve/testing/tiny_models.py): the
 bounds do not depend on the model, only on its signatures.
 """
 import base64
@@ -29,8 +29,9 @@ from slimserve.serving.core import errors
 from slimserve.serving.config import model_config
 from slimserve.serving.core import tensors
 from tests import helpers
-from tests import tiny_models
-from tests.helpers import serve_in_process, start_server_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import start_server_process
 
 ROOT = helpers.ROOT
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

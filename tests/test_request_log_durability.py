@@ -20,8 +20,9 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
-from tests import tiny_models
-from tests.helpers import start_server_process, wait_until
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import wait_until
+from tests.helpers import start_server_process
 
 CAP = ["prlimit", "--as=%d" % (3 * 1024 ** 3)]  # a regression fails instead of swapping
 

@@ -16,7 +16,7 @@ from slimserve.export import warmup
 from slimserve.serving.tools import compare
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.observability import request_log
-from tests import tiny_models
+from slimserve.testing import tiny_models
 from tests.helpers import ROOT
 
 

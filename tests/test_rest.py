@@ -19,8 +19,9 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.core import batching
 from slimserve.serving.config import model_config
-from tests import tiny_models
-from tests.helpers import require_tool, serve_in_process, start_server_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import require_tool, start_server_process
 
 CONNECTION_LIMIT = 8
 MAX_BODY = 64 * 1024

@@ -21,8 +21,8 @@ from tensorflow_serving.apis import model_service_pb2_grpc
 
 from slimserve.serving.api import json_writer
 from slimserve.serving.config import model_config
-from tests import half_plus_two
-from tests.helpers import serve_in_process, wait_until
+from slimserve.testing import half_plus_two
+from slimserve.testing.servers import serve_in_process, wait_until
 
 # api_rest.md, "Make REST API calls to ModelServer": the status call, printed bytes.
 DOC_STATUS = b"""{

@@ -7,7 +7,7 @@ import pytest
 
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
-from tests import tiny_models
+from slimserve.testing import tiny_models
 
 ROWS = np.array([[1.0, 2.0], [3.0, -4.0]], np.float32)
 

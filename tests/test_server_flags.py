@@ -19,7 +19,7 @@ from tensorflow_serving.apis import regression_pb2
 
 from slimserve.serving.core import batching
 from slimserve.serving import server as server_lib
-from tests import tiny_models
+from slimserve.testing import tiny_models
 from tests.helpers import ROOT, start_server_process
 
 TFSERVING = os.path.join(ROOT, "serving", "tfserving")

@@ -28,7 +28,8 @@ from slimserve.serving.core import batching
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.observability import metrics
 from slimserve.serving.config import model_config
-from tests.helpers import serve_in_process, start_server_process, wait_until
+from slimserve.testing.servers import serve_in_process, wait_until
+from tests.helpers import start_server_process
 
 
 def _images(data_dir, count):

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from tests import tiny_models
-from tests.helpers import start_server_process, wait_until
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import wait_until
+from tests.helpers import start_server_process
 
 TRICKLERS = 262  # past the default --rest_connection_limit=256, as the attack that found it
 HEADER_TIMEOUT = 12  # longer than the valid clients' 5 s timeouts: only shedding lets them in

@@ -25,9 +25,10 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.core import version_dirs
-from tests import tflite_models
-from tests import tiny_models
-from tests.helpers import ROOT, serve_in_process, wait_until
+from slimserve.testing import tflite_models
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process, wait_until
+from tests.helpers import ROOT
 
 DEFAULT = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 

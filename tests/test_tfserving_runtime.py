@@ -17,8 +17,9 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from slimserve import conventions
 from slimserve.serving.config import model_config
 from slimserve.serving.core import manager as manager_lib
-from tests import tiny_models
-from tests.helpers import ROOT, serve_in_process, start_server_process, wait_until
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process, wait_until
+from tests.helpers import ROOT, start_server_process
 
 
 def _counter_model(base, version=1):

@@ -21,9 +21,10 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.config import model_config
-from tests import half_plus_two
-from tests import tiny_models
-from tests.helpers import serve_in_process, start_server_process
+from slimserve.testing import half_plus_two
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
+from tests.helpers import start_server_process
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 

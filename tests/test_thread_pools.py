@@ -8,8 +8,8 @@ from slimserve.serving import options as options_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.config import session as session_lib
 from slimserve.serving.tools import client as client_lib
-from tests import tiny_models
-from tests.helpers import serve_in_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
 
 POOL = """thread_pool_factory_config {
   [type.googleapis.com/tensorflow.ThreadPoolOptionProto] { num_threads: 1 global_name: "%s" }

@@ -22,8 +22,8 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
 from slimserve.serving.api import tls
 from slimserve.serving.config import files as config_files
-from tests import tiny_models
-from tests.helpers import serve_in_process
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process
 
 
 def _key():

@@ -20,7 +20,7 @@ from slimserve.estimator import guards
 from slimserve.estimator import model
 from slimserve.estimator import nets
 from slimserve.estimator import run_lock
-from tests import slim_checkpoints
+from slimserve.testing import slim_checkpoints
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli
 
 # Real training runs (about two minutes together): part of `make test`, not of the quick loop.

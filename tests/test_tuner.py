@@ -21,7 +21,8 @@ from slimserve.serving.observability import request_log
 from slimserve.serving.tools import batching_tuner
 from slimserve.serving.tools import tuner as tuner_lib
 from slimserve.serving.tools import tuner_inputs
-from tests.helpers import ROOT, run_cli, wait_until
+from slimserve.testing.servers import wait_until
+from tests.helpers import ROOT, run_cli
 
 B8 = batching_tuner.Setting(max_batch_size=8, batch_timeout_micros=5000, num_batch_threads=1,
                             max_enqueued_batches=100)

@@ -33,7 +33,7 @@ from slimserve.serving.tools import client as client_lib
 from slimserve.serving.tools import compare
 from slimserve.serving.tools import loadtest
 from slimserve.serving.tools import tuner_inputs
-from slimserve.serving.tools import tuner_process
+from slimserve.serving.tools import server_process
 
 # Tuner name -> the server's --mixed_precision value (TF Serving's; '' is fp32).
 PRECISIONS = {"fp32": "", "bf16": "bfloat16"}
@@ -94,7 +94,7 @@ class _Client(client_lib.Client):
         self.input_key = input_key
 
     def predict(self, inputs, signature_name=conventions.DEFAULT_SIGNATURE, output_filter=()):
-        if tuner_process.STOPPING.is_set():
+        if server_process.STOPPING.is_set():
             raise Stopping("interrupted")
         (values,) = inputs.values()
         return super().predict({self.input_key: values}, signature_name, output_filter)
@@ -227,7 +227,7 @@ class Tuner:
                  "--model_base_path=%s" % self.model_base_path,
                  "--monitoring_config_file=%s" % self._monitoring_file(),
                  "--file_system_poll_wait_seconds=0"] + self.common_flags
-        server = tuner_process.ServerProcess(flags + setting.server_flags(batching_file),
+        server = server_process.ServerProcess(flags + setting.server_flags(batching_file),
                                              setting.label(), stem + ".server.log")
         try:
             client = _Client("127.0.0.1:%d" % server.port, self.model_name, self.input_key)

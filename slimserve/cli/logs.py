@@ -13,6 +13,8 @@ import sys
 import tempfile
 import warnings
 
+from slimserve import errors
+
 # C++ lines TF 2.15 prints at import on every CPU machine; none is actionable here.
 _STARTUP_NOISE = (
     "Unable to register cuDNN factory", "Unable to register cuFFT factory",
@@ -144,11 +146,24 @@ class _ConciseFormatter(logging.Formatter):
                                 if record.exc_info else "")
 
 
+def command_name(module_name):
+    """slimserve.cli.tune_batching -> slimserve-tune-batching (the console script); under
+    `python -m` the module is __main__ and its spec has the real name."""
+    if module_name == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module_name = spec.name if spec is not None else os.path.basename(sys.argv[0])
+    return "slimserve-" + module_name.rsplit(".", 1)[-1].replace("_", "-")
+
+
 def run(main, concise=False):
     """The entry point of every slimserve command: quiet TensorFlow, then absl's app.run
     (the command module defined its flags when it was imported); --help lists the
     command's own flags and TensorFlow's INFO records wait for --verbosity=1. `concise`:
-    log lines with only the time (and the level unless INFO) below --verbosity=1."""
+    log lines with only the time (and the level unless INFO) below --verbosity=1.
+
+    A UserError (slimserve/errors.py) escaping `main` is printed as one line,
+    `slimserve-<command>: <message>`, with exit status 1; any other exception keeps its
+    traceback: it is a bug, not something the user can fix."""
     from absl import app  # pylint: disable=g-import-not-at-top
     from absl import flags  # pylint: disable=g-import-not-at-top
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
@@ -159,6 +174,9 @@ def run(main, concise=False):
         tensorflow_info_behind_verbosity()
         if concise and flags.FLAGS.verbosity < 1:
             absl_logging.get_absl_handler().setFormatter(_ConciseFormatter())
-        return main(argv)
+        try:
+            return main(argv)
+        except errors.UserError as error:
+            sys.exit("%s: %s" % (command_name(main.__module__), error))
 
     app.run(command_main)

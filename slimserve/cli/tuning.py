@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from slimserve.serving.tools import batching_tuner
 from slimserve.serving.tools import tuner as tuner_lib
-from slimserve.serving.tools import tuner_process
+from slimserve.serving.tools import server_process
 
 FLAGS = flags.FLAGS
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
@@ -119,7 +119,7 @@ def _on_signal(signum, frame):
     """SIGTERM to every server child (so in-flight load fails at once), then unwind once;
     a second signal only repeats the SIGTERM."""
     del frame
-    tuner_process.signal_all()
+    server_process.signal_all()
     if not getattr(_on_signal, "fired", False):
         _on_signal.fired = True
         raise Interrupted(signum)
@@ -144,7 +144,7 @@ def run_sweep(tool, tuner, total, print_rows, **sweep_args):
         tuner_lib.sweep(tuner, deadline=deadline, progress=progress, **sweep_args)
     except Interrupted as interrupted:
         bar.close()
-        stopped = tuner_process.stop_all()
+        stopped = server_process.stop_all()
         if rows:
             print_rows(rows)
         print("%s: interrupted by %s after %d of %d settings%s" % (
