@@ -271,3 +271,22 @@ def replace(config, **changes):
     return check(dataclasses.replace(config, **changes))
 
 
+
+
+def flag_lines(config):
+    """`--name=value` lines for every flag field of `config` (sections included): a
+    flagfile that gives the same config back (what a training run leaves in flags.txt).
+    Unset (None) values are left out, so they stay derived."""
+    lines = []
+    for path, field in walk(type(config)):
+        value = _get(config, path)
+        if value is None:
+            continue
+        name = flag_name(field)
+        if field.metadata["kind"] is bool:
+            lines.append("--%s%s" % ("" if value else "no", name))
+        elif field.metadata["kind"] is list:
+            lines.append("--%s=%s" % (name, ",".join(str(v) for v in value)))
+        else:
+            lines.append("--%s=%s" % (name, value))
+    return lines

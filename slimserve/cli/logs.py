@@ -155,28 +155,48 @@ def command_name(module_name):
     return "slimserve-" + module_name.rsplit(".", 1)[-1].replace("_", "-")
 
 
-def run(main, concise=False):
-    """The entry point of every slimserve command: quiet TensorFlow, then absl's app.run
-    (the command module defined its flags when it was imported); --help lists the
-    command's own flags and TensorFlow's INFO records wait for --verbosity=1. `concise`:
-    log lines with only the time (and the level unless INFO) below --verbosity=1.
+def call(name, main, *args):
+    """Calls main(*args); a UserError becomes `sys.exit("<name>: <message>")` (exit
+    status 1, one line), anything else keeps its traceback. Shared by `run` and the
+    in-process command runner of the tests (slimserve/testing/commands.py)."""
+    try:
+        return main(*args)
+    except errors.UserError as error:
+        sys.exit("%s: %s" % (name, error))
 
-    A UserError (slimserve/errors.py) escaping `main` is printed as one line,
-    `slimserve-<command>: <message>`, with exit status 1; any other exception keeps its
-    traceback: it is a bug, not something the user can fix."""
+
+def run(main, concise=False, config=None, module=None):
+    """The entry point of every slimserve command: quiet TensorFlow, then absl's app.run;
+    --help lists the command's own flags and TensorFlow's INFO records wait for
+    --verbosity=1. `concise`: log lines with only the time (and the level unless INFO)
+    below --verbosity=1.
+
+    config: the command's config class (slimserve/fields.py): its flags are defined here,
+    and main is called as main(config object, positional arguments) with the object built
+    from the parsed flags and checked. Without it (older commands), the module defined its
+    flags at import and main gets absl's argv. module: the command's module name (default
+    main.__module__).
+
+    A UserError (slimserve/errors.py) escaping `main` or the config's checks is printed
+    as one line, `slimserve-<command>: <message>`, with exit status 1; any other exception
+    keeps its traceback: it is a bug, not something the user can fix."""
     from absl import app  # pylint: disable=g-import-not-at-top
     from absl import flags  # pylint: disable=g-import-not-at-top
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    from slimserve import fields  # pylint: disable=g-import-not-at-top
+    module = module or main.__module__
     quiet_tensorflow()
-    declare_command_flags(main.__module__)
+    if config is not None:
+        fields.define_flags(config)
+    declare_command_flags(module)
+    name = command_name(module)
 
     def command_main(argv):
         tensorflow_info_behind_verbosity()
         if concise and flags.FLAGS.verbosity < 1:
             absl_logging.get_absl_handler().setFormatter(_ConciseFormatter())
-        try:
-            return main(argv)
-        except errors.UserError as error:
-            sys.exit("%s: %s" % (command_name(main.__module__), error))
+        if config is None:
+            return call(name, main, argv)
+        return call(name, lambda: main(fields.from_flags(config), argv[1:]))
 
     app.run(command_main)
