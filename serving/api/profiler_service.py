@@ -10,8 +10,9 @@ for `<logdir>/plugins/profile`, which TensorBoard's profile plugin reads). `Term
 ends a session early; `Monitor` is UNIMPLEMENTED, as there.
 
 The wheel ships no Python messages for profiler_service.proto, so they are built here
-from its field list (the way config/messages.py builds TF Serving's config messages), in
-a private descriptor pool; `ProfileOptions` is the wheel's own profiler_options.proto.
+from its field list by config/descriptors.py (as config/messages.py builds TF Serving's
+config messages), in a private descriptor pool; `ProfileOptions` is the wheel's own
+profiler_options.proto.
 
 Bounds this server adds: a duration or start delay above --profiler_max_duration_ms is
 INVALID_ARGUMENT, and the trace is only written under a directory ending in
@@ -28,17 +29,16 @@ import time
 
 import grpc
 import tensorflow as tf
-from google.protobuf import descriptor_pb2
-from google.protobuf import descriptor_pool
-from google.protobuf import message_factory
 from tensorflow.tsl.profiler.protobuf import profiler_options_pb2
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from slimserve.serving.config import descriptors
 
 SERVICE = "tensorflow.ProfilerService"
 PLUGIN_DIR = ("plugins", "profile")  # tsl GetTensorBoardProfilePluginDir(logdir)
 XPLANE_SUFFIX = ".xplane.pb"
-_F = descriptor_pb2.FieldDescriptorProto
-_OPT, _REP = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
+_F = descriptors.F
+_OPT, _REP = descriptors.OPTIONAL, descriptors.REPEATED
 
 # tsl/profiler/protobuf/profiler_service.proto (TF 2.15): name -> [(field, number, type,
 # label, message type)]. MonitorResponse's monitor_result (10) is left out: Monitor is
@@ -49,8 +49,8 @@ _MESSAGES = {
     "ProfileRequest": [("duration_ms", 1, _F.TYPE_UINT64, _OPT, None),
                        ("max_events", 2, _F.TYPE_UINT64, _OPT, None),
                        ("tools", 3, _F.TYPE_STRING, _REP, None),
-                       ("tool_options", 8, _F.TYPE_MESSAGE, _REP,
-                        ".tensorflow.ProfileRequest.ToolOptionsEntry"),
+                       ("tool_options", 8, descriptors.MAP,
+                        ("string", ".tensorflow.ToolRequestOptions"), None),
                        ("opts", 4, _F.TYPE_MESSAGE, _OPT, ".tensorflow.ProfileOptions"),
                        ("repository_root", 5, _F.TYPE_STRING, _OPT, None),
                        ("session_id", 6, _F.TYPE_STRING, _OPT, None),
@@ -68,32 +68,9 @@ _MESSAGES = {
 }
 
 
-def _build():
-    pool = descriptor_pool.DescriptorPool()
-    options = descriptor_pb2.FileDescriptorProto.FromString(
-        profiler_options_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(options)
-    file_proto = descriptor_pb2.FileDescriptorProto(
-        name="slimserve/profiler_service.proto", package="tensorflow", syntax="proto3",
-        dependency=[options.name])
-    for name, fields in _MESSAGES.items():
-        message = file_proto.message_type.add(name=name)
-        for field, number, kind, label, type_name in fields:
-            entry = message.field.add(name=field, number=number, type=kind, label=label)
-            if type_name:
-                entry.type_name = type_name
-        if name == "ProfileRequest":  # map<string, ToolRequestOptions> tool_options
-            entry = message.nested_type.add(name="ToolOptionsEntry")
-            entry.options.map_entry = True
-            entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_OPT)
-            entry.field.add(name="value", number=2, type=_F.TYPE_MESSAGE, label=_OPT,
-                            type_name=".tensorflow.ToolRequestOptions")
-    pool.Add(file_proto)
-    return {name: message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("tensorflow." + name)) for name in _MESSAGES}
-
-
-_CLASSES = _build()
+_, _CLASSES = descriptors.build(
+    "slimserve/profiler_service.proto", "tensorflow", _MESSAGES,
+    imports=(profiler_options_pb2.DESCRIPTOR,))
 ProfileRequest = _CLASSES["ProfileRequest"]
 ProfileResponse = _CLASSES["ProfileResponse"]
 TerminateRequest = _CLASSES["TerminateRequest"]

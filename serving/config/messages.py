@@ -10,20 +10,21 @@ Field names and numbers are those of TF Serving 2.15.1's
 servables/tensorflow/session_bundle_config.proto, saved_model_bundle_source_adapter.proto,
 thread_pool_factory_config.proto, config/platform_config.proto,
 config/monitoring_config.proto and config/ssl_config.proto. The descriptors live in a
-private pool (POOL; TensorFlow's ConfigProto and NamedTensorProto are copied into it), so
-a future wheel that ships the same messages cannot clash with them.
+private pool (POOL, built by config/descriptors.py; TensorFlow's ConfigProto and
+NamedTensorProto are copied into it), so a future wheel that ships the same messages
+cannot clash with them.
 """
 from google.protobuf import any_pb2
-from google.protobuf import descriptor_pb2
-from google.protobuf import descriptor_pool
 from google.protobuf import message_factory
 from google.protobuf import wrappers_pb2
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.core.protobuf import named_tensor_pb2
 
+from slimserve.serving.config import descriptors
+
 _PACKAGE = "tensorflow.serving"
-_F = descriptor_pb2.FieldDescriptorProto
-_MAP = "map"  # a map field: (key type name, value message type) in the label's place
+_F = descriptors.F
+_MAP = descriptors.MAP
 
 _MESSAGES = {
     # name: [(field, number, type, label, message type or None)]
@@ -114,56 +115,10 @@ _MESSAGES = {
 }
 
 
-def _add_file(pool, file_descriptor, added):
-    """Copies a generated .proto file (and, first, its imports) into `pool`."""
-    if file_descriptor.name in added:
-        return
-    for dependency in file_descriptor.dependencies:
-        _add_file(pool, dependency, added)
-    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(file_descriptor.serialized_pb))
-    added.add(file_descriptor.name)
-
-
-def _build():
-    pool = descriptor_pool.DescriptorPool()
-    imports = (wrappers_pb2.DESCRIPTOR, any_pb2.DESCRIPTOR, config_pb2.DESCRIPTOR,
-               named_tensor_pb2.DESCRIPTOR)
-    added = set()
-    for file_descriptor in imports:
-        _add_file(pool, file_descriptor, added)
-    file_proto = descriptor_pb2.FileDescriptorProto(
-        name="slimserve/tfserving_config.proto", package=_PACKAGE, syntax="proto3",
-        dependency=[f.name for f in imports])
-    for name, fields in _MESSAGES.items():
-        message = file_proto.message_type.add(name=name)
-        for field, number, kind, label, type_name in fields:
-            if kind == _MAP:  # protobuf's encoding of map<K, V>: a repeated nested entry
-                key_type, value_type = label
-                entry_name = "".join(part.title() for part in field.split("_")) + "Entry"
-                map_entry = message.nested_type.add(name=entry_name)
-                map_entry.options.map_entry = True
-                map_entry.field.add(name="key", number=1, json_name="key", label=_F.LABEL_OPTIONAL,
-                                    type=getattr(_F, "TYPE_" + key_type.upper()))
-                map_entry.field.add(name="value", number=2, json_name="value",
-                                    label=_F.LABEL_OPTIONAL, type=_F.TYPE_MESSAGE,
-                                    type_name=value_type)
-                kind, label, type_name = (_F.TYPE_MESSAGE, _F.LABEL_REPEATED,
-                                          ".%s.%s.%s" % (_PACKAGE, name, entry_name))
-            entry = message.field.add(name=field, number=number, type=kind, label=label,
-                                      json_name=_camel(field))
-            if type_name:
-                entry.type_name = type_name
-    pool.Add(file_proto)
-    return pool, {name: message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("%s.%s" % (_PACKAGE, name))) for name in _MESSAGES}
-
-
-def _camel(name):
-    head, *tail = name.split("_")
-    return head + "".join(part.title() for part in tail)
-
-
-POOL, _CLASSES = _build()
+POOL, _CLASSES = descriptors.build(
+    "slimserve/tfserving_config.proto", _PACKAGE, _MESSAGES,
+    imports=(wrappers_pb2.DESCRIPTOR, any_pb2.DESCRIPTOR, config_pb2.DESCRIPTOR,
+             named_tensor_pb2.DESCRIPTOR))
 BatchingParameters = _CLASSES["BatchingParameters"]
 ModelWarmupOptions = _CLASSES["ModelWarmupOptions"]
 SessionBundleConfig = _CLASSES["SessionBundleConfig"]
@@ -171,6 +126,9 @@ SavedModelBundleSourceAdapterConfig = _CLASSES["SavedModelBundleSourceAdapterCon
 PlatformConfig = _CLASSES["PlatformConfig"]
 PlatformConfigMap = _CLASSES["PlatformConfigMap"]
 ThreadPoolFactoryConfig = _CLASSES["ThreadPoolFactoryConfig"]
+PrometheusConfig = _CLASSES["PrometheusConfig"]
+MonitoringConfig = _CLASSES["MonitoringConfig"]
+SSLConfig = _CLASSES["SSLConfig"]
 # TensorFlow's own messages as copied into POOL (a SessionBundleConfig's session_config is
 # one of these; tensorflow_config() converts it to TensorFlow's class).
 ConfigProto = message_factory.GetMessageClass(POOL.FindMessageTypeByName(
@@ -181,9 +139,6 @@ def tensorflow_config(config):
     """A ConfigProto from POOL (e.g. SessionBundleConfig.session_config) as TensorFlow's
     own tf.compat.v1.ConfigProto."""
     return config_pb2.ConfigProto.FromString(config.SerializeToString())
-PrometheusConfig = _CLASSES["PrometheusConfig"]
-MonitoringConfig = _CLASSES["MonitoringConfig"]
-SSLConfig = _CLASSES["SSLConfig"]
 
 
 def prometheus_monitoring(path):
