@@ -16,10 +16,10 @@ from slimserve.estimator import schema
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.serving import options as options_lib
-from slimserve.serving import server as server_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.config import session as session_lib
 from slimserve.serving.core import servable as servable_lib
+from slimserve.serving.observability import metrics
 from slimserve.serving.tools import client as client_lib
 from slimserve.testing.servers import serve_in_process
 
@@ -43,7 +43,7 @@ def _served_probabilities(server, images):
 
 def _runtime_lines(server):
     return [line for line in server.metrics.render().splitlines()
-            if line.startswith(server_lib.MODEL_RUNTIME + "{")]
+            if line.startswith(metrics.MODEL_RUNTIME + "{")]
 
 
 def _bfloat16_agreement(export_dir, digits_data):

@@ -17,6 +17,8 @@ import os
 import socket
 import stat
 
+from slimserve import errors
+
 # sockaddr_un.sun_path holds 108 bytes on Linux, the terminating NUL included.
 MAX_UNIX_PATH_BYTES = 107
 
@@ -31,22 +33,23 @@ def check_unix_socket_path(path, flag="--grpc_socket_path"):
     """(absolute path, True when a running server listens on it) once `path` is one a new
     server may bind: its folder exists, it fits a sockaddr_un, and it is nothing or a
     socket (a stale one, or a served one the new server takes over, as gRPC does).
-    ValueError naming the flag otherwise."""
+    A UserError naming the flag otherwise."""
     absolute = os.path.abspath(path)
     if len(os.fsencode(absolute)) > MAX_UNIX_PATH_BYTES:
-        raise ValueError("%s %s: %d bytes, longer than the %d a Unix socket path may have; "
-                         "use a shorter path" % (flag, absolute, len(os.fsencode(absolute)),
-                                                 MAX_UNIX_PATH_BYTES))
+        raise errors.UserError("%s %s: %d bytes, longer than the %d a Unix socket path may "
+                               "have; use a shorter path" % (
+                                   flag, absolute, len(os.fsencode(absolute)),
+                                   MAX_UNIX_PATH_BYTES))
     folder = os.path.dirname(absolute)
     if not os.path.isdir(folder):
-        raise ValueError("%s %s: folder %s does not exist" % (flag, absolute, folder))
+        raise errors.UserError("%s %s: folder %s does not exist" % (flag, absolute, folder))
     try:
         mode = os.lstat(absolute).st_mode
     except FileNotFoundError:
         return absolute, False
     if not stat.S_ISSOCK(mode):
-        raise ValueError("%s %s exists and is %s; refusing to replace it with a socket"
-                         % (flag, absolute, _kind(mode)))
+        raise errors.UserError("%s %s exists and is %s; refusing to replace it with a socket"
+                               % (flag, absolute, _kind(mode)))
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(2.0)
     try:
@@ -54,8 +57,8 @@ def check_unix_socket_path(path, flag="--grpc_socket_path"):
     except (ConnectionRefusedError, FileNotFoundError):
         return absolute, False  # stale: left by a server that is gone
     except OSError as error:
-        raise ValueError("%s %s: cannot use it: %s" % (flag, absolute, error.strerror or error)
-                         ) from None
+        raise errors.UserError("%s %s: cannot use it: %s"
+                               % (flag, absolute, error.strerror or error)) from None
     finally:
         probe.close()
     return absolute, True

@@ -3,10 +3,10 @@
 Apart from the routes, as TF Serving keeps http_server apart from http_rest_api_handler.
 
 Why waitress: one event loop holds every connection (an idle or slow client costs a
-socket, not a thread), a fixed pool of `num_threads` runs the app, bodies are read in full
-(Content-Length or chunked, capped at `max_body_bytes`) before a thread is taken, and
-there are idle timeouts and a connection limit (http.server's thread per connection has
-none of these). docs/serving.md has the measurements that chose it.
+socket, not a thread), a fixed pool of `num_threads` (RestOptions) runs the app, bodies
+are read in full (Content-Length or chunked, capped at `max_body_bytes`) before a thread
+is taken, and there are idle timeouts and a connection limit (http.server's thread per
+connection has none of these). docs/serving.md has the measurements that chose it.
 
 Slow clients (slowloris): a request's headers must arrive within `header_timeout_seconds`
 of its first byte, after that it must keep an average of `min_request_bytes_per_second`,
@@ -16,6 +16,7 @@ connections are closed first; while a new connection waits and none is idle, the
 partial requests (fewest bytes per second since their first byte) are; connections whose
 request is queued or running are never shed. docs/reliability.md states the guarantee.
 """
+import dataclasses
 import logging
 import select
 import socket
@@ -29,6 +30,8 @@ import waitress.parser
 import waitress.server
 import waitress.task
 
+from slimserve import fields
+from slimserve.serving import limits
 from slimserve.serving.api import rest_api
 
 
@@ -297,54 +300,68 @@ class _Server(waitress.server.TcpWSGIServer):
                 channel.will_close = True
 
 
+@dataclasses.dataclass
+class RestOptions:
+    """The REST front end's settings: its part of the server's flags (each field names its
+    flag; ModelServer builds it from ServerOptions), checked once by RestServer."""
+    num_threads: int = fields.option(
+        rest_api.default_num_threads(), "App threads (4 per CPU, as TF Serving).",
+        bound=limits.THREADS, flag="rest_api_num_threads")
+    timeout_ms: int = fields.option(
+        30000, "The deadline of each request's inference: cancelled and answered 504 "
+        "past it.", bound=limits.MILLISECONDS, flag="rest_api_timeout_in_ms")
+    max_body_bytes: int = fields.option(
+        64 * 2 ** 20, "Larger bodies get 413 before they are read.", bound=limits.BYTES,
+        flag="rest_max_body_bytes")
+    connection_limit: int = fields.option(
+        256, "Open connections; at it, while a client waits, the longest-idle connections "
+        "are closed, or else the slowest partial requests.",
+        bound=fields.Bound(1, limits.MAX_CONNECTIONS), flag="rest_connection_limit")
+    idle_timeout_seconds: int = fields.option(
+        30, "A connection with no request in flight and no bytes moving for this long is "
+        "closed (waitress checks every idle_timeout/2, at least each second).",
+        bound=limits.SECONDS, flag="rest_idle_timeout_seconds")
+    read_timeout_seconds: int = fields.option(
+        60, "A request not received in full this long after its first byte gets 408 and "
+        "loses its connection.", bound=limits.SECONDS, flag="rest_read_timeout_seconds")
+    header_timeout_seconds: int = fields.option(
+        10, "The same for a request whose headers are not in this long after its first "
+        "byte.", bound=limits.SECONDS, flag="rest_header_timeout_seconds")
+    min_request_bytes_per_second: int = fields.option(
+        1024, "The same for a request that, past header_timeout_seconds, has arrived "
+        "slower than this on average (0: no minimum rate).",
+        bound=fields.Bound(0, limits.MAX_BYTES_PER_SECOND),
+        flag="rest_min_request_bytes_per_second")
+    enable_cors: bool = fields.option(False, "Add TF Serving's CORS headers to every /v1 "
+                                      "answer.", flag="rest_api_enable_cors_support")
+
+
 class RestServer:
     """The REST front end: a bound waitress server driven by one loop thread.
 
-    num_threads: app threads (TF Serving's --rest_api_num_threads; default 4 per CPU).
-    timeout_ms: --rest_api_timeout_in_ms, the deadline of each request's inference
-        (cancelled and answered 504 past it; <=0: none).
-    max_body_bytes: larger bodies get 413 before they are read.
-    connection_limit: open connections; at it, while a client waits, the longest-idle
-        connections are closed, or else the slowest partial requests.
-    idle_timeout_seconds: a connection with no request in flight and no bytes moving for
-        this long is closed (waitress checks every idle_timeout/2, at least each second).
-    read_timeout_seconds: a request not received in full this long after its first byte
-        gets 408 and loses its connection.
-    header_timeout_seconds: the same for a request whose headers are not in this long
-        after its first byte.
-    min_request_bytes_per_second: the same for a request that, past header_timeout_seconds,
-        has arrived slower than this on average (0: no minimum rate).
-    enable_cors: add TF Serving's CORS headers to every /v1 answer.
-    ssl_context: serve HTTPS with it (--ssl_config_file; TF Serving's REST has no TLS).
+    options: a RestOptions (default: its defaults). ssl_context: serve HTTPS with it
+    (--ssl_config_file; TF Serving's REST has no TLS). monitoring_path: where the
+    Prometheus metrics are served (None: not served).
     """
 
     def __init__(self, service, address, port, metrics=None, monitoring_path=None,
-                 num_threads=None, timeout_ms=30000, max_body_bytes=64 * 2 ** 20,
-                 connection_limit=256, idle_timeout_seconds=30, read_timeout_seconds=60,
-                 enable_cors=False, ssl_context=None, header_timeout_seconds=10,
-                 min_request_bytes_per_second=1024):
-        threads = num_threads or rest_api.default_num_threads()
-        if min(connection_limit, max_body_bytes, idle_timeout_seconds,
-               read_timeout_seconds, header_timeout_seconds) < 1:
-            raise ValueError("REST connection_limit, max_body_bytes, idle_timeout_seconds, "
-                             "read_timeout_seconds and header_timeout_seconds must be "
-                             "positive")
-        if min_request_bytes_per_second < 0:
-            raise ValueError("REST min_request_bytes_per_second must be >= 0")
-        self.api = rest_api.RestApi(service, metrics, monitoring_path, timeout_ms,
-                                    enable_cors)
+                 options=None, ssl_context=None):
+        options = fields.check(options if options is not None else RestOptions())
+        self.options = options
+        self.api = rest_api.RestApi(service, metrics, monitoring_path, options.timeout_ms,
+                                    options.enable_cors)
         self._server = _Server(
-            wsgi_app(self.api), host=address, port=port, threads=threads,
+            wsgi_app(self.api), host=address, port=port, threads=options.num_threads,
             # the map also holds the listening socket and the wake-up pipe
-            connection_limit=connection_limit + 2,
-            channel_timeout=idle_timeout_seconds,
-            cleanup_interval=max(1, idle_timeout_seconds // 2),
-            max_request_body_size=max_body_bytes, asyncore_use_poll=True,
+            connection_limit=options.connection_limit + 2,
+            channel_timeout=options.idle_timeout_seconds,
+            cleanup_interval=max(1, options.idle_timeout_seconds // 2),
+            max_request_body_size=options.max_body_bytes, asyncore_use_poll=True,
             ident="slimserve", expose_tracebacks=False, clear_untrusted_proxy_headers=False)
-        self._server.read_timeout_seconds = read_timeout_seconds
-        self._server.header_timeout_seconds = header_timeout_seconds
-        self._server.connection_limit = connection_limit
-        self._server.min_request_bytes_per_second = min_request_bytes_per_second
+        self._server.read_timeout_seconds = options.read_timeout_seconds
+        self._server.header_timeout_seconds = options.header_timeout_seconds
+        self._server.connection_limit = options.connection_limit
+        self._server.min_request_bytes_per_second = options.min_request_bytes_per_second
         self._server.ssl_context = ssl_context
         self.port = int(self._server.effective_port)
         self._thread = None
@@ -390,6 +407,8 @@ class RestServer:
         return drained and not dispatcher.threads
 
 
-def make_server(service, address, port, metrics=None, monitoring_path=None, **kwargs):
+def make_server(service, address, port, metrics=None, monitoring_path=None, options=None,
+                ssl_context=None):
     """A bound (not yet serving) REST server; call start(), later stop(grace)."""
-    return RestServer(service, address, port, metrics, monitoring_path, **kwargs)
+    return RestServer(service, address, port, metrics, monitoring_path, options,
+                      ssl_context)

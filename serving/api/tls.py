@@ -14,20 +14,23 @@ import tempfile
 
 import grpc
 
+from slimserve import errors
+
 
 def check_ssl_config(config, where="--ssl_config_file"):
-    """Checks an SSLConfig (config/files.py reads the file); errors name `where` (the flag
-    and file) and the field. Returns the config."""
+    """Checks an SSLConfig (config/files.py reads the file); UserErrors name `where` (the
+    flag and file) and the field. Returns the config."""
     for field in ("server_key", "server_cert"):
         if not getattr(config, field).strip():
-            raise ValueError("%s: %s is empty (it holds the PEM text itself)" % (where, field))
+            raise errors.UserError("%s: %s is empty (it holds the PEM text itself)"
+                                   % (where, field))
     if config.client_verify and not config.custom_ca.strip():
-        raise ValueError("%s: client_verify needs custom_ca, the CA that signs the client "
-                         "certificates" % where)
+        raise errors.UserError("%s: client_verify needs custom_ca, the CA that signs the "
+                               "client certificates" % where)
     try:  # a wrong key, certificate or CA fails here, naming the file, not at first request
         server_ssl_context(config)
     except (ssl.SSLError, ValueError) as error:
-        raise ValueError("%s: %s" % (where, error)) from None
+        raise errors.UserError("%s: %s" % (where, error)) from None
     return config
 
 

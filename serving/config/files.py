@@ -11,14 +11,16 @@ from google.protobuf import text_format
 from tensorflow.core.protobuf import config_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from slimserve import errors
 from slimserve.serving.config import messages
 
 # No TF Serving config is anywhere near this; a larger file is refused before it is read.
 MAX_CONFIG_BYTES = 64 << 20
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be read or parsed; the message names flag, file and why."""
+class ConfigError(errors.UserError):
+    """A config (a file, or a message in process) that cannot be read, parsed or served;
+    the message names the flag, the file and why. A UserError: the user can fix it."""
 
 
 def parse_text(text, message_class, where):

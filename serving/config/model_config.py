@@ -21,18 +21,19 @@ class ServedModel:
 
 
 def served_models_from_proto(config, where):
-    """ModelServerConfig proto -> [ServedModel]; `where` names the source in errors."""
+    """ModelServerConfig proto -> [ServedModel]; files.ConfigError (a ValueError) naming
+    `where`, the source, for an entry that cannot be served."""
     if config.WhichOneof("config") not in (None, "model_config_list"):
-        raise ValueError("%s: only model_config_list is supported" % where)
+        raise files.ConfigError("%s: only model_config_list is supported" % where)
     models, names = [], set()
     for entry in config.model_config_list.config:
         if not entry.name or not entry.base_path:
-            raise ValueError("%s: every config needs name and base_path" % where)
+            raise files.ConfigError("%s: every config needs name and base_path" % where)
         if entry.name in names:
-            raise ValueError("%s: model %s is listed twice" % (where, entry.name))
+            raise files.ConfigError("%s: model %s is listed twice" % (where, entry.name))
         names.add(entry.name)
         if entry.model_platform and entry.model_platform != "tensorflow":
-            raise ValueError("%s: model %s has platform %r; only 'tensorflow' is served"
+            raise files.ConfigError("%s: model %s has platform %r; only 'tensorflow' is served"
                              % (where, entry.name, entry.model_platform))
         models.append(ServedModel(entry.name, entry.base_path,
                                   VersionPolicy.from_proto(entry.model_version_policy),
@@ -40,7 +41,7 @@ def served_models_from_proto(config, where):
                                   entry.logging_config if entry.HasField("logging_config")
                                   else None))
     if not models:
-        raise ValueError("%s lists no model" % where)
+        raise files.ConfigError("%s lists no model" % where)
     return models
 
 

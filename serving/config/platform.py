@@ -51,7 +51,7 @@ class BundleSettings:
 
 
 def bundle_settings(options):
-    """ServerOptions -> BundleSettings; ValueError (naming the flag and file) when the
+    """ServerOptions -> BundleSettings; files.ConfigError (naming the flag and file) when the
     platform config is malformed or asks for what cannot be served here."""
     if options.platform_config is not None or options.platform_config_file:
         if options.platform_config is not None:
@@ -99,20 +99,20 @@ def from_platform_config(config_map, where="--platform_config_file"):
     """A PlatformConfigMap -> BundleSettings of its "tensorflow" platform."""
     unknown = sorted(set(config_map.platform_configs) - {TENSORFLOW})
     if unknown:
-        raise ValueError("%s: platform %s has no source adapter here: every model is a "
+        raise files.ConfigError("%s: platform %s has no source adapter here: every model is a "
                          "TensorFlow SavedModel (platform %r)" % (where, ", ".join(
                              repr(name) for name in unknown), TENSORFLOW))
     if TENSORFLOW not in config_map.platform_configs:
-        raise ValueError("%s: no %r platform in platform_configs, so no model could load"
+        raise files.ConfigError("%s: no %r platform in platform_configs, so no model could load"
                          % (where, TENSORFLOW))
     packed = config_map.platform_configs[TENSORFLOW].source_adapter_config
     adapter = messages.SavedModelBundleSourceAdapterConfig()
     if not packed.Unpack(adapter):
-        raise ValueError("%s: platform %r: source_adapter_config must hold a %s, not %r"
+        raise files.ConfigError("%s: platform %r: source_adapter_config must hold a %s, not %r"
                          % (where, TENSORFLOW, SOURCE_ADAPTER, packed.type_url or "nothing"))
     bundle = adapter.legacy_config
     if bundle.session_target:
-        raise ValueError("%s: session_target %r: only the local TensorFlow runtime "
+        raise files.ConfigError("%s: session_target %r: only the local TensorFlow runtime "
                          "(session_target \"\") serves here" % (where, bundle.session_target))
     unused = sorted(field.name for field, _ in bundle.ListFields()
                     if field.name not in READ_FIELDS)

@@ -12,6 +12,7 @@ import logging
 import tensorflow as tf
 
 from slimserve import compute
+from slimserve import errors
 from slimserve.serving.config import files
 
 # The bfloat16 and XLA settings themselves (shared with training and export verification)
@@ -36,16 +37,13 @@ def apply_mixed_precision(config, mode, where="--mixed_precision"):
 
 def base_session_config(options):
     """The ConfigProto the session flags compose, before precision and XLA (what TF
-    Serving puts in SessionBundleConfig.session_config); a ValueError names the flag at
-    fault."""
+    Serving puts in SessionBundleConfig.session_config); a UserError names the flag at
+    fault (the options' bounds are checked by ServerOptions.check)."""
     config = tf.compat.v1.ConfigProto()
     if options.session_config is not None:
         config.CopyFrom(options.session_config)
     elif options.tensorflow_session_config_file:
         config.CopyFrom(files.read_session_config(options.tensorflow_session_config_file))
-    if not 0 <= options.per_process_gpu_memory_fraction <= 1:
-        raise ValueError("--per_process_gpu_memory_fraction must be within [0, 1], got %r"
-                         % options.per_process_gpu_memory_fraction)
     if options.per_process_gpu_memory_fraction:
         config.gpu_options.per_process_gpu_memory_fraction = (
             options.per_process_gpu_memory_fraction)
@@ -53,10 +51,10 @@ def base_session_config(options):
     inter = options.tensorflow_inter_op_parallelism
     both = options.tensorflow_session_parallelism
     if intra > 0 and inter > 0 and both > 0:
-        raise ValueError("Either configure --tensorflow_session_parallelism or "
-                         "(--tensorflow_intra_op_parallelism, "
-                         "--tensorflow_inter_op_parallelism) separately. You cannot "
-                         "configure all.")
+        raise errors.UserError("Either configure --tensorflow_session_parallelism or "
+                               "(--tensorflow_intra_op_parallelism, "
+                               "--tensorflow_inter_op_parallelism) separately. You cannot "
+                               "configure all.")
     if intra > 0 or inter > 0:
         config.intra_op_parallelism_threads, config.inter_op_parallelism_threads = intra, inter
     elif both > 0:
@@ -102,19 +100,19 @@ def apply_thread_pool_factory(config, factory_config, where):
     packed = factory_config.thread_pool_factory_config
     pool = config_pb2.ThreadPoolOptionProto()
     if packed.TypeName() != THREAD_POOL_TYPE:
-        raise ValueError("%s: thread_pool_factory_config holds %r; the one thread pool "
+        raise files.ConfigError("%s: thread_pool_factory_config holds %r; the one thread pool "
                          "factory here takes a %s (num_threads, global_name), which "
                          "becomes the inter-op pool of every model run" % (
                              where, packed.type_url or "nothing", THREAD_POOL_TYPE))
     pool.ParseFromString(packed.value)
     if pool.num_threads < 0:
-        raise ValueError("%s: num_threads must be >= 0 (0: one per core), got %d"
+        raise files.ConfigError("%s: num_threads must be >= 0 (0: one per core), got %d"
                          % (where, pool.num_threads))
     if config.session_inter_op_thread_pool:
-        raise ValueError("%s: the session config already lists session_inter_op_thread_pool;"
+        raise files.ConfigError("%s: the session config already lists session_inter_op_thread_pool;"
                          " give the pool in one place" % where)
     if config.use_per_session_threads:
-        raise ValueError("%s: use_per_session_threads in the session config disables "
+        raise files.ConfigError("%s: use_per_session_threads in the session config disables "
                          "session_inter_op_thread_pool" % where)
     config.session_inter_op_thread_pool.add().CopyFrom(pool)
     return config

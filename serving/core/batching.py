@@ -29,6 +29,7 @@ import time
 import grpc
 import numpy as np
 
+from slimserve.serving import limits
 from slimserve.serving.config import files
 from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
@@ -91,16 +92,23 @@ class BatchingParameters:
 
     def check(self, where="batching parameters"):
         """Refuses what TF Serving refuses when it builds the batching session, with its
-        wording, behind `where` (the flag and file at fault)."""
+        wording, behind `where` (the flag and file at fault), as a files.ConfigError (a
+        UserError), plus a thread count and a timeout beyond reason; returns self."""
         def fail(message):
-            raise ValueError("%s: %s" % (where, message))
+            raise files.ConfigError("%s: %s" % (where, message))
         if self.max_batch_size < 1:
             fail("max_batch_size must be positive; was %d" % self.max_batch_size)
         if self.num_batch_threads < 1:
             fail("num_batch_threads must be positive; was %d" % self.num_batch_threads)
+        if self.num_batch_threads > limits.MAX_THREADS:  # each one is a thread, started now
+            fail("num_batch_threads must be at most %d; was %d"
+                 % (limits.MAX_THREADS, self.num_batch_threads))
         if self.batch_timeout_micros < 0:
             fail("batch_timeout_micros must be non-negative; was %d"
                  % self.batch_timeout_micros)
+        if self.batch_timeout_micros > limits.DAY_MICROS:
+            fail("batch_timeout_micros must be at most a day (%d); was %d"
+                 % (limits.DAY_MICROS, self.batch_timeout_micros))
         if self.max_enqueued_batches < 1:
             fail("max_enqueued_batches must be positive; was %d" % self.max_enqueued_batches)
         if self.max_execution_batch_size < 0:
@@ -120,6 +128,7 @@ class BatchingParameters:
             if sizes[-1] != self.max_batch_size:
                 fail("Last entry in allowed_batch_sizes must match max_batch_size; last "
                      "entry was %d; expected %d" % (sizes[-1], self.max_batch_size))
+        return self
 
     def padded_size(self, rows):
         """The lowest allowed batch size >= rows (rows when none is, or none are given),

@@ -178,22 +178,30 @@ class _Call:
 
 
 class InferenceService:
-    """method_name_check: --enable_signature_method_name_check (TF Serving's default: off,
-    so any signature shaped like a classify / regress one serves Classify / Regress)."""
+    """The APIs over one ModelManager, transport-free: the gRPC servicers and the REST
+    routes call it; a test can too, in process (slimserve/testing/inprocess.py)."""
 
     def __init__(self, manager, batcher=None, metrics=None,
                  max_request_elements=tensors.DEFAULT_MAX_REQUEST_ELEMENTS,
                  max_broadcast_elements=tensors.DEFAULT_MAX_BROADCAST_ELEMENTS,
-                 method_name_check=False):
+                 method_name_check=False, request_logs=None, window=None):
+        """batcher: core/batching.py's Batcher (None: every request runs alone). metrics:
+        observability/metrics.py's Metrics (None: not counted).
+        max_request_elements / max_broadcast_elements: per-request element limits
+        (serving/core/tensors.py says why). method_name_check:
+        --enable_signature_method_name_check (TF Serving's default: off, so any signature
+        shaped like a classify / regress one serves Classify / Regress). request_logs:
+        observability/request_logs.py's RequestLogs, whose get(model) is the model's
+        request logger (None: nothing logged). window: the RequestWindow of the last
+        minute the status page shows (default: a new one)."""
         self.manager = manager
         self.batcher = batcher
         self.metrics = metrics
-        # Per-request element limits (serving/core/tensors.py says why).
         self.max_request_elements = max_request_elements
         self.max_broadcast_elements = max_broadcast_elements
         self.method_name_check = method_name_check
-        self.window = request_window.RequestWindow()  # the last minute, for the status page
-        self.request_loggers = {}  # model name -> request_log.RequestLogger
+        self.request_logs = request_logs
+        self.window = window if window is not None else request_window.RequestWindow()
 
     @contextlib.contextmanager
     def _servable(self, name, version, label, signature_name=""):
@@ -233,7 +241,7 @@ class InferenceService:
         """Hands a served request to the model's request logger, if it has one and samples
         this request; `build()` -> (request, response, ModelSpec that answered) runs only
         then."""
-        logger = self.request_loggers.get(model)
+        logger = self.request_logs.get(model) if self.request_logs is not None else None
         if logger is None or not logger.sample():
             return
         try:

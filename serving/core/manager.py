@@ -13,15 +13,19 @@ Guarantees (TF Serving's availability-preserving policy, plus retries on change)
 Loading happens in `poll()` (the poller thread), never on the request path.
 """
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import threading
 import time
+import typing
 
 import grpc
 import tensorflow as tf
 from google.protobuf import message as proto_message
 
+from slimserve import fields
+from slimserve.serving import limits
 from slimserve.serving.core import custom_ops
 from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
@@ -70,6 +74,43 @@ def load_error_code(error):
     return grpc.StatusCode.UNKNOWN.value[0]
 
 
+@dataclasses.dataclass
+class ManagerOptions:
+    """How the manager loads, warms up, retries and unloads versions: its part of the
+    server's flags (each field names its flag; ModelServer builds it from ServerOptions),
+    checked once when the manager is made."""
+    warmup: bool = fields.option(
+        True, "Replay assets.extra/tf_serving_warmup_requests before serving a version.",
+        flag="enable_model_warmup")
+    warmup_iterations: int = fields.option(
+        1, "Times each warmup record is replayed in a row.",
+        bound=fields.Bound(1, limits.MAX_WARMUP_ITERATIONS),
+        flag="num_request_iterations_for_warmup")
+    max_num_load_retries: int = fields.option(
+        5, "Retries after a failed load before giving up until the version's files change "
+        "(0: one attempt).", bound=fields.Bound(0, limits.MAX_RETRIES))
+    load_retry_interval_micros: int = fields.option(
+        DEFAULT_LOAD_RETRY_INTERVAL_MICROS, "Wait between those retries (negative: none).",
+        bound=fields.Bound(-limits.DAY_MICROS, limits.DAY_MICROS))
+    num_load_threads: int = fields.option(
+        0, "> 1 loads different models in parallel (versions of one model load one at a "
+        "time, highest first); 0 or 1 loads serially.", bound=limits.THREADS_OR_ZERO)
+    num_unload_threads: int = fields.option(
+        0, "> 0 unloads (retiring a version, closing its session) in a pool of that many "
+        "threads, so a slow unload never holds up loading; 0 unloads in the polling "
+        "thread.", bound=limits.THREADS_OR_ZERO)
+    allow_version_labels_for_unavailable_models: bool = fields.option(
+        False, "Let a new label (or an unchanged one) name a version that is not "
+        "AVAILABLE; by default every label must.")
+    # How a SavedModel version loads: the meta graph's tags (None: serve) and every
+    # session's ConfigProto (config/session.py).
+    saved_model_tags: typing.Any = None
+    session_config: typing.Any = None
+    # A tflite_servable.TfLiteOptions for --prefer_tflite_model: a version holding
+    # model.tflite is served from it (else from its SavedModel). None: never.
+    tflite: typing.Any = None
+
+
 class _Version:
     """What the manager knows of one version of one model."""
 
@@ -98,47 +139,27 @@ class ModelManager:
     """All served models and versions; `poll()` reconciles them with the file system and
     `reload()` replaces the model set."""
 
-    def __init__(self, configs, warmup=True, session_config=None, max_num_load_retries=5,
-                 load_retry_interval_micros=DEFAULT_LOAD_RETRY_INTERVAL_MICROS,
-                 num_load_threads=0, allow_version_labels_for_unavailable_models=False,
-                 on_change=None, on_load=None, saved_model_tags=None, tflite=None,
-                 num_unload_threads=0, warmup_iterations=1, batching_for=None):
+    def __init__(self, configs, options=None, on_change=None, on_load=None,
+                 batching_for=None):
         """
         Args:
           configs: [ServedModel] served from the first poll on.
-          warmup: replay assets.extra/tf_serving_warmup_requests before serving a version.
-          max_num_load_retries: retries after a failed load before giving up until the
-            version's files change (0: one attempt), as TF Serving's flag.
-          load_retry_interval_micros: wait between those retries (negative: none).
-          num_load_threads: > 1 loads different models in parallel (versions of one
-            model load one at a time, highest first); 0 or 1 loads serially.
-          allow_version_labels_for_unavailable_models: let a new label (or an unchanged
-            one) name a version that is not AVAILABLE; by default every label must.
+          options: a ManagerOptions (default: its defaults), checked here.
           on_change: callback(name, version, state, error) on every state change.
           on_load: callback(name, version, path, ok, load_seconds, warmup_seconds) after
             every load attempt (warmup_seconds None when no warmup ran).
-          saved_model_tags: the meta graph's tags (TF Serving's --saved_model_tags);
-            default `serve`.
-          tflite: a tflite_servable.TfLiteOptions for --prefer_tflite_model: a version
-            holding model.tflite is served from it (else from its SavedModel).
-          num_unload_threads: > 0 unloads (retiring a version and closing its session)
-            in a pool of that many threads, so a slow unload never holds up loading;
-            0 unloads in the polling thread, as TF Serving's flag.
-          warmup_iterations: times each warmup record is replayed
-            (--num_request_iterations_for_warmup).
           batching_for: callback(version dir) -> the version's batching parameters
             (core/batching.py's parameters_for_version), set on each loaded servable; a
             failure fails the load.
         """
         _check_unique(configs)
-        self._warmup = warmup
-        self._session_config = session_config
-        self._tags = list(saved_model_tags) if saved_model_tags else None
-        self._tflite = tflite.check() if tflite is not None else None
+        options = fields.check(options if options is not None else ManagerOptions())
+        if options.tflite is not None:
+            fields.check(options.tflite)
+        self.options = options
+        self._tags = list(options.saved_model_tags) if options.saved_model_tags else None
         self._batching_for = batching_for
-        self._max_retries = max_num_load_retries
-        self._retry_interval = load_retry_interval_micros / 1e6
-        self._allow_unavailable_labels = allow_version_labels_for_unavailable_models
+        self._retry_interval = options.load_retry_interval_micros / 1e6
         self.on_change = on_change
         self.on_load = on_load
         self._lock = threading.Lock()  # guards _models, _labels and version records
@@ -146,13 +167,12 @@ class ModelManager:
         self._models = {c.name: _Model(c) for c in configs}
         self._labels = None  # {name: {label: version}} once the config's labels applied
         self._removed = {}  # name -> _Model no longer served (GetModelStatus history)
-        self._pool = (concurrent.futures.ThreadPoolExecutor(num_load_threads,
-                                                            thread_name_prefix="model-load")
-                      if num_load_threads > 1 else None)
+        self._pool = (concurrent.futures.ThreadPoolExecutor(
+            options.num_load_threads, thread_name_prefix="model-load")
+                      if options.num_load_threads > 1 else None)
         self._unload_pool = (concurrent.futures.ThreadPoolExecutor(
-            num_unload_threads, thread_name_prefix="model-unload")
-            if num_unload_threads > 0 else None)
-        self._warmup_iterations = max(int(warmup_iterations), 1)
+            options.num_unload_threads, thread_name_prefix="model-unload")
+            if options.num_unload_threads > 0 else None)
         custom_ops.load_tf_text_ops()
         self._stop = threading.Event()
         self._thread = None
@@ -195,7 +215,7 @@ class ModelManager:
         """Loads the versions the policy wants; with `unload`, also unloads those it no
         longer wants once a wanted one serves (reload() defers that until it commits)."""
         config = model.config
-        on_disk = list_version_dirs(config.base_path, self._tflite is not None)
+        on_disk = list_version_dirs(config.base_path, self.options.tflite is not None)
         self._note_diagnosis(model, "" if on_disk else diagnose_base_path(config.base_path))
         aspired = config.policy.select(on_disk)
         with self._lock:
@@ -237,7 +257,7 @@ class ModelManager:
         if version_fingerprint(path) != version.fingerprint:
             version.failures = 0  # its files changed since it failed: try at once
             return True
-        if version.failures > self._max_retries:
+        if version.failures > self.options.max_num_load_retries:
             return False  # given up until the files change
         return time.monotonic() >= version.retry_at
 
@@ -252,8 +272,8 @@ class ModelManager:
             if self._batching_for is not None:
                 servable.batching_parameters = self._batching_for(path)
             load_seconds = time.monotonic() - started
-            if self._warmup and tf.io.gfile.exists(os.path.join(path, WARMUP_PATH)):
-                warmed = servable.warm_up(self._warmup_iterations)
+            if self.options.warmup and tf.io.gfile.exists(os.path.join(path, WARMUP_PATH)):
+                warmed = servable.warm_up(self.options.warmup_iterations)
                 warmup_seconds = time.monotonic() - started - load_seconds
         except Exception as error:  # pylint: disable=broad-except
             if servable is None:
@@ -265,7 +285,7 @@ class ModelManager:
                 version.failures += 1
                 version.fingerprint = fingerprint
                 version.retry_at = time.monotonic() + max(self._retry_interval, 0.0)
-            attempts_left = self._max_retries + 1 - version.failures
+            attempts_left = self.options.max_num_load_retries + 1 - version.failures
             self._set_state(name, version, END, _describe(error), load_error_code(error))
             logging.warning("model %s version %d failed to load from %s (%s); %s", name,
                             version.number, path, version.error,
@@ -285,9 +305,9 @@ class ModelManager:
     def _servable(self, name, number, path):
         """The version's model.tflite with --prefer_tflite_model when it has one (as TF
         Serving's bundle factory), else its SavedModel."""
-        if self._tflite is not None and tflite_model.has_model(path):
-            return tflite_servable.TfLiteServable(name, number, path, self._tflite)
-        return Servable(name, number, path, self._session_config, self._tags)
+        if self.options.tflite is not None and tflite_model.has_model(path):
+            return tflite_servable.TfLiteServable(name, number, path, self.options.tflite)
+        return Servable(name, number, path, self.options.session_config, self._tags)
 
     def _unload(self, model, version):
         with self._lock:
@@ -416,7 +436,7 @@ class ModelManager:
                 for label, number in sorted(model.config.labels.items()):
                     version = model.versions.get(number)
                     ok = version is not None and version.state == AVAILABLE
-                    if not ok and self._allow_unavailable_labels:
+                    if not ok and self.options.allow_version_labels_for_unavailable_models:
                         ok = current.get(name, {}).get(label, number) == number
                     if not ok:
                         raise errors.ServingError(

@@ -36,6 +36,8 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_shape_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from slimserve import fields
+from slimserve.serving import limits
 from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core.servable import DEFAULT_SIGNATURE, Servable
@@ -55,17 +57,19 @@ _TF_TYPES = {np.dtype(np.float32): tf.float32, np.dtype(np.int32): tf.int32,
 @dataclasses.dataclass
 class TfLiteOptions:
     """--num_tflite_pools and --num_tflite_interpreters_per_pool (TF Serving's meaning)."""
-    num_pools: int = 1
-    num_interpreters_per_pool: int = 1
+    num_pools: int = fields.option(
+        limits.CPUS, "TFLite interpreters per model.tflite, each on one thread (default: "
+        "the CPUs, as TF Serving; 0 means 1).", bound=fields.Bound(0, MAX_POOLS),
+        flag="num_tflite_pools")
+    num_interpreters_per_pool: int = fields.option(
+        1, "Above 1, TF Serving's TFLite batch scheduler: a request is split into pieces "
+        "of at most 500/N rows and concurrent small requests are merged, run in parallel "
+        "over the --num_tflite_pools interpreters.",
+        bound=fields.Bound(0, INITIAL_BATCH_SIZE), flag="num_tflite_interpreters_per_pool")
 
     def check(self):
-        if not 0 <= self.num_pools <= MAX_POOLS:
-            raise ValueError("--num_tflite_pools must be in 0..%d, got %d"
-                             % (MAX_POOLS, self.num_pools))
-        if not 0 <= self.num_interpreters_per_pool <= INITIAL_BATCH_SIZE:
-            raise ValueError("--num_tflite_interpreters_per_pool must be in 0..%d, got %d"
-                             % (INITIAL_BATCH_SIZE, self.num_interpreters_per_pool))
-        return self
+        """Returns self; a UserError (a ValueError) naming the flag out of bounds."""
+        return fields.check(self)
 
 
 def _internal(message, *args):

@@ -13,8 +13,9 @@ escaping and sample formatting are the library's). What is exported:
   (batching_util.h, batching_session.cc), request_log_count {model_name, status_code}
   (core/request_logger.cc), model_warmup_latency {model_path, status}, TensorFlow's
   saved_model load_attempt_count {model_path, status} and load_latency {model_path};
-- slimserve's own, in the same scheme: model_state {model_name, version, state} and
-  request_latency_by_version {model_name, version, signature_name, API, entrypoint}.
+- slimserve's own, in the same scheme: model_state {model_name, version, state},
+  request_latency_by_version {model_name, version, signature_name, API, entrypoint} and
+  :slimserve:serving:model_runtime {model_name, model_version, precision, xla_cpu_jit}.
 
 Nothing a client chooses grows a series: a request naming a model this server does not
 serve is counted under model_name="<unknown>" (`UNKNOWN_MODEL`), latencies are kept only
@@ -36,6 +37,8 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.core import HistogramMetricFamily
 
+from slimserve.serving.core import errors
+
 PATH = "/monitoring/prometheus/metrics"
 REQUEST_COUNT = ":tensorflow:serving:request_count"
 REQUEST_LATENCY = ":tensorflow:serving:request_latency"  # microseconds
@@ -44,6 +47,9 @@ BATCH_SIZE = ":tensorflow:serving:batching_session:processed_batch_size"
 QUEUING_LATENCY = ":tensorflow:serving:batching_session:queuing_latency"  # microseconds
 REQUEST_LOG_COUNT = ":tensorflow:serving:request_log_count"
 MODEL_STATE = ":tensorflow:serving:model_state"  # slimserve's
+# Each loaded version's precision and XLA setting (slimserve's own: TF Serving only logs
+# "Running inference with bfloat16 auto mixed precision").
+MODEL_RUNTIME = ":slimserve:serving:model_runtime"
 LOAD_ATTEMPTS = ":tensorflow:cc:saved_model:load_attempt_count"  # TensorFlow's
 LOAD_LATENCY = ":tensorflow:cc:saved_model:load_latency"  # TensorFlow's: total microseconds
 WARMUP_LATENCY = ":tensorflow:serving:model_warmup_latency"  # microseconds
@@ -288,6 +294,27 @@ def request_log_families(loggers, retired=None):
             values[(model, code)] = values.get((model, code), 0) + count
         values.setdefault((model, "RESOURCE_EXHAUSTED"), 0)
     return [_counter(REQUEST_LOG_COUNT, ["model_name", "status_code"], values)]
+
+
+def model_runtime_family(manager):
+    """A gauge naming what every loaded version computes in: the precision
+    (--mixed_precision) and whether XLA compiles it (--xla_cpu_compilation_enabled), as
+    an info-style gauge a dashboard can join on model_name and model_version."""
+    family = GaugeMetricFamily(
+        MODEL_RUNTIME, "What each loaded version computes in (1 per version).",
+        labels=["model_name", "model_version", "precision", "xla_cpu_jit"])
+    for name in manager.model_names:
+        for number in manager.available_versions(name):
+            try:
+                servable = manager.acquire(name, number)
+            except errors.ServingError:
+                continue  # unloaded since it was listed
+            try:
+                family.add_metric([name, str(number), servable.precision,
+                                   "true" if servable.xla_jit else "false"], 1)
+            finally:
+                servable.release()
+    return family
 
 
 def families_from_text(text):

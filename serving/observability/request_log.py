@@ -42,13 +42,14 @@ import grpc
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
+from slimserve import fields
+from slimserve.serving import limits
+
 # PredictionLog's oneof field for each API (classify_log, regress_log, ...).
 LOG_FIELDS = {"predict": "predict_log", "classify": "classify_log", "regress": "regress_log",
               "multi_inference": "multi_inference_log"}
 SUFFIX = ".tfrecord"
 TEMP_SUFFIX = ".tmp"
-DEFAULT_QUEUE_RECORDS = 1024
-DEFAULT_QUEUE_BYTES = 64 << 20
 _FRAMING = 16  # a TFRecord's length (8), its CRC (4) and the data's CRC (4)
 # A temporary this young and empty may be a writer between its create and its lock.
 _FRESH_SECONDS = 60.0
@@ -126,24 +127,35 @@ def _status_name(error):
     return grpc.StatusCode.INTERNAL.name
 
 
+@dataclasses.dataclass
+class RequestLogOptions:
+    """How every request logger queues and rotates (the server builds it from its flags;
+    fields without a flag keep their defaults there), checked once per logger."""
+    queue_bytes: int = fields.option(
+        64 << 20, "Bytes of sampled records waiting to be written; past it records are "
+        "dropped and counted.", bound=limits.BYTES, flag="request_log_queue_bytes")
+    queue_records: int = fields.option(
+        1024, "Records waiting to be written; past it records are dropped and counted.",
+        bound=fields.Bound(1, 2 ** 20))
+    max_file_bytes: int = fields.option(
+        64 << 20, "A file is published and the next one opened past this size.",
+        bound=limits.BYTES)
+    max_file_seconds: float = fields.option(
+        300.0, "... or this long after it was opened.",
+        bound=fields.Bound(0, limits.DAY_SECONDS, lower_open=True))
+
+
 class RequestLogger:
     """Samples, queues and writes the requests of one model."""
 
-    def __init__(self, filename_prefix, sampling_rate, max_file_bytes=64 << 20,
-                 max_file_seconds=300.0, queue_size=DEFAULT_QUEUE_RECORDS,
-                 queue_bytes=DEFAULT_QUEUE_BYTES, seed=None):
+    def __init__(self, filename_prefix, sampling_rate, options=None, seed=None):
+        """options: a RequestLogOptions (default: its defaults); seed: the sampler's."""
         check_prefix(filename_prefix)
         check_sampling_rate(sampling_rate)
-        if max_file_bytes < 1 or max_file_seconds <= 0 or queue_size < 1 or queue_bytes < 1:
-            raise ValueError("request logging: max_file_bytes, max_file_seconds, "
-                             "queue_size and queue_bytes must be positive")
+        self.options = fields.check(options if options is not None else RequestLogOptions())
         make_directory(filename_prefix)
         self.filename_prefix = filename_prefix
         self.sampling_rate = sampling_rate
-        self.max_file_bytes = max_file_bytes
-        self.max_file_seconds = max_file_seconds
-        self.queue_size = queue_size
-        self.queue_bytes = queue_bytes
         self._random = random.Random(seed)
         self._cond = threading.Condition()
         self._queue = collections.deque()  # records, _Flush markers and _STOP
@@ -164,14 +176,14 @@ class RequestLogger:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, logging_config, filename_prefix=None, **kwargs):
+    def from_config(cls, logging_config, filename_prefix=None, options=None):
         """From TF Serving's LoggingConfig proto (`filename_prefix` overrides its prefix,
         e.g. resolved under --request_log_dir); None when it names no collector."""
         collector = logging_config.log_collector_config
         if not collector.filename_prefix and not collector.type:
             return None
         return cls(filename_prefix or collector.filename_prefix,
-                   logging_config.sampling_config.sampling_rate, **kwargs)
+                   logging_config.sampling_config.sampling_rate, options)
 
     @property
     def dropped(self):
@@ -194,8 +206,9 @@ class RequestLogger:
         record or byte bound, or once closed."""
         size = request.ByteSize() + response.ByteSize()
         with self._cond:
-            if self._closed.is_set() or self._queued_records >= self.queue_size or \
-                    self._queued_bytes + size > self.queue_bytes:
+            if self._closed.is_set() or \
+                    self._queued_records >= self.options.queue_records or \
+                    self._queued_bytes + size > self.options.queue_bytes:
                 self.drops[grpc.StatusCode.RESOURCE_EXHAUSTED.name] += 1
                 return False
             self._queue.append((api, request, response, model_spec, time.time(), size))
@@ -241,7 +254,8 @@ class RequestLogger:
             while not self._queue:
                 wait = None
                 if self._writer is not None:
-                    wait = self._opened_at + self.max_file_seconds - time.monotonic()
+                    wait = self._opened_at + self.options.max_file_seconds - \
+                        time.monotonic()
                     if wait <= 0:
                         return None
                 self._cond.wait(wait)
@@ -306,7 +320,7 @@ class RequestLogger:
             logging.warning("request log %s: writing again after %d record(s) lost",
                             self.filename_prefix, self._failing)
             self._failing = 0
-        if self._bytes >= self.max_file_bytes:
+        if self._bytes >= self.options.max_file_bytes:
             self._close_file()
 
     def _count_drop(self, code):

@@ -6,48 +6,41 @@ command line written for one runs the other:
     slimserve-server --port=8500 --rest_api_port=8501 --model_name=resnet \\
         --model_base_path=/models/resnet --enable_batching
 
-The flags are the fields of serving/options.py's ServerOptions (same names, defaults and
-help), so this module only parses them, builds the server and waits for a signal (SIGTERM
-or SIGINT: drain and stop; SIGUSR1: publish the open request log files now). Flags
-about hardware or runtimes this server does not have are accepted and logged once as
-having no effect. Unlike TF Serving it binds 127.0.0.1 unless --bind_address says otherwise.
+The flags are the fields of serving/options.py's ServerOptions (same names, defaults, help
+and bounds), generated from its config class (CONFIG), so this module only builds the
+server and waits for a signal (SIGTERM or SIGINT: drain and stop; SIGUSR1: publish the
+open request log files now). Flags about hardware or runtimes this server does not have
+are accepted and logged once as having no effect. Unlike TF Serving it binds 127.0.0.1
+unless --bind_address says otherwise. A start-up problem the user can fix (a flag, a
+config file, a port in use) is one line naming it, exit status 1.
 """
+import dataclasses
 import logging
 import signal
-import sys
 import threading
 
-from absl import flags
-
-import tensorflow as tf
-
+from slimserve import errors as user_errors
+from slimserve import fields
 from slimserve.cli import logs
 from slimserve.serving import options as options_lib
 from slimserve.serving import server as server_lib
 from slimserve.serving.core import errors
 
-FLAGS = flags.FLAGS
 TF_SERVING_VERSION = "2.15.1"
-_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
-           str: flags.DEFINE_string}
 
 
-def _define_flags():
-    for field in options_lib.flag_fields():
-        help_text = field.metadata["help"]
-        if field.metadata["slimserve_only"]:
-            help_text += " (slimserve only)"
-        kwargs = {}
-        if field.metadata["lower_bound"] is not None:
-            kwargs["lower_bound"] = field.metadata["lower_bound"]
-        _DEFINE[field.type](field.name, field.default, help_text, **kwargs)
+@dataclasses.dataclass
+class ServerCommand:
+    """slimserve-server's command line: the server's options, plus --version."""
+    server: options_lib.ServerOptions = fields.section(options_lib.ServerOptions)
+    version: bool = fields.option(False, "Print the version and exit.")
 
 
-_define_flags()
-flags.DEFINE_bool("version", False, "Print the version and exit.")
+CONFIG = ServerCommand
 
 
 def version_text():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     try:
         from importlib import metadata  # pylint: disable=import-outside-toplevel
         own = metadata.version("slimserve")
@@ -57,21 +50,12 @@ def version_text():
             "TensorFlow Library: %s" % (own, TF_SERVING_VERSION, tf.__version__))
 
 
-def options_from_flags():
-    """The parsed command line as a ServerOptions (field names are flag names)."""
-    return options_lib.ServerOptions(**{field.name: FLAGS[field.name].value
-                                        for field in options_lib.flag_fields()})
-
-
-def main(argv):
-    del argv
-    if FLAGS.version:
+def main(config, args):
+    del args  # tensorflow_model_server ignores positional arguments too
+    if config.version:
         print(version_text(), flush=True)
         return
-    try:
-        server = server_lib.ModelServer(options_from_flags())
-    except (ValueError, OSError) as error:
-        sys.exit("slimserve-server: %s" % error)
+    server = server_lib.ModelServer(config.server)
     stopping = threading.Event()
 
     def on_signal(signum, frame):
@@ -91,7 +75,7 @@ def main(argv):
         server.start()
     except errors.ServingError as error:  # e.g. a version label that names no version
         server.stop()
-        sys.exit("slimserve-server: %s" % error.message)
+        raise user_errors.UserError(error.message) from None
     print(server_lib.ready_line(server), flush=True)
     stopping.wait()
     if server.stop():
@@ -101,7 +85,7 @@ def main(argv):
 
 
 def run():
-    logs.run(main)
+    logs.run(main, config=CONFIG)
 
 
 if __name__ == "__main__":
