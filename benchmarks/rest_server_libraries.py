@@ -32,7 +32,8 @@ def _service(model_dir):
     from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
     from slimserve.serving.core import manager as manager_lib  # pylint: disable=import-outside-toplevel
     from slimserve.serving.core import inference as service
-    manager = manager_lib.ModelManager([model_config.ServedModel("tiny", model_dir)], warmup=False)
+    manager = manager_lib.ModelManager([model_config.ServedModel("tiny", model_dir)],
+                                       manager_lib.ManagerOptions(warmup=False))
     manager.poll()
     return service.InferenceService(manager)
 

@@ -120,7 +120,8 @@ def test_killed_conversion_never_leaves_a_finished_looking_shard(tmp_path):
 def test_killed_export_is_never_loaded_by_a_polling_server(trained_run, tmp_path):
     base = tmp_path / "models"
     base.mkdir()
-    manager = manager_lib.ModelManager([model_config.ServedModel("resnet", str(base))], warmup=True)
+    manager = manager_lib.ModelManager([model_config.ServedModel("resnet", str(base))],
+                                       manager_lib.ManagerOptions(warmup=True))
     manager.start_polling(0.05)
     try:
         def temp_dir_exists():

@@ -73,11 +73,13 @@ def _metric(text, name, **labels):
     return None
 
 
-def _manager(configs, metrics=None, **kwargs):
+def _manager(configs, metrics=None, **options):
+    """A ModelManager with warmup on and no timed retries; `options`: ManagerOptions
+    fields."""
     metrics = metrics or metrics_lib.Metrics()
-    kwargs.setdefault("load_retry_interval_micros", NEVER_MICROS)
-    return manager_lib.ModelManager(configs, warmup=True, on_change=metrics.model_event,
-                               on_load=metrics.model_load, **kwargs)
+    options.setdefault("load_retry_interval_micros", NEVER_MICROS)
+    return manager_lib.ModelManager(configs, manager_lib.ManagerOptions(warmup=True, **options),
+                                    on_change=metrics.model_event, on_load=metrics.model_load)
 
 
 EXPECTED_Y = tiny_models.expected_y([[1.0, 2.0]])[0]
@@ -158,8 +160,9 @@ def test_failed_load_is_retried_max_num_load_retries_times(tiny_source, tmp_path
     _copy_version(tiny_source, base, 1)
     attempts = []
     manager = manager_lib.ModelManager(
-        [model_config.ServedModel("m", str(base))], max_num_load_retries=2,
-        load_retry_interval_micros=-1,  # negative: retry without waiting, as TF Serving
+        [model_config.ServedModel("m", str(base))], manager_lib.ManagerOptions(
+            max_num_load_retries=2,
+            load_retry_interval_micros=-1),  # negative: retry without waiting, as TF Serving
         on_load=lambda name, version, path, ok, *_: attempts.append((version, ok)))
     try:
         manager.poll()
@@ -201,8 +204,8 @@ def test_models_load_in_parallel_with_num_load_threads(tiny_source, tmp_path):
             met.append(name)
 
     manager = manager_lib.ModelManager(
-        [model_config.ServedModel(n, str(tmp_path / n)) for n in ("a", "b")], num_load_threads=2,
-        on_change=on_change)
+        [model_config.ServedModel(n, str(tmp_path / n)) for n in ("a", "b")],
+        manager_lib.ManagerOptions(num_load_threads=2), on_change=on_change)
     try:
         manager.poll()
         assert sorted(met) == ["a", "b"]
@@ -269,8 +272,9 @@ def test_version_labels_must_name_available_versions(tiny_source, tmp_path):
     finally:
         manager.stop()
 
-    lenient = manager_lib.ModelManager([model_config.ServedModel("m", base, every, {"stable": 1})],
-                                  allow_version_labels_for_unavailable_models=True)
+    lenient = manager_lib.ModelManager(
+        [model_config.ServedModel("m", base, every, {"stable": 1})],
+        manager_lib.ManagerOptions(allow_version_labels_for_unavailable_models=True))
     try:
         lenient.poll()
         lenient.reload([model_config.ServedModel("m", base, every, {"stable": 1, "next": 3})])

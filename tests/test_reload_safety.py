@@ -104,7 +104,7 @@ def test_a_reload_whose_log_directory_fails_changes_nothing(bases, tmp_path):
             assert str(tmp_path) not in details  # no server path
             assert _predict(channel, "tiny") == 2
             assert _predict(channel, "other") == grpc.StatusCode.NOT_FOUND
-            assert server.service.request_loggers["tiny"].filename_prefix == str(logs / "tiny")
+            assert server.request_logs.loggers["tiny"].filename_prefix == str(logs / "tiny")
     finally:
         server.stop()
 
@@ -173,7 +173,7 @@ def test_without_request_log_dir_a_reload_cannot_pick_a_new_location(bases, tmp_
             code, details = _reload(channel, _entry("tiny", tiny),
                                     _entry("other", other, operator))
             assert code == grpc.StatusCode.OK, details
-            assert set(server.service.request_loggers) == {"other"}
+            assert set(server.request_logs.loggers) == {"other"}
             assert _predict(channel, "other") == 7
     finally:
         server.stop()
@@ -235,7 +235,7 @@ def test_in_process_configs_are_the_operators(bases, tmp_path):
         enable_model_warmup=False).start()
     try:
         server.reload_config(_config(_entry("tiny", tiny, prefix)))
-        assert server.service.request_loggers["tiny"].filename_prefix == prefix
+        assert server.request_logs.loggers["tiny"].filename_prefix == prefix
     finally:
         server.stop()
     assert os.path.isdir(os.path.dirname(prefix))

@@ -102,7 +102,8 @@ def test_a_full_disk_loses_only_the_records_it_could_not_write(tmp_path):
 
 def test_two_loggers_with_one_prefix_never_share_a_file(tmp_path):
     prefix = str(tmp_path / "logs" / "tiny")
-    loggers = [request_log.RequestLogger(prefix, 1.0, max_file_bytes=4000) for _ in range(2)]
+    loggers = [request_log.RequestLogger(
+        prefix, 1.0, request_log.RequestLogOptions(max_file_bytes=4000)) for _ in range(2)]
     for index in range(60):
         for logger in loggers:
             request, response = _pair(1 + index % 3)
@@ -117,7 +118,8 @@ def test_two_loggers_with_one_prefix_never_share_a_file(tmp_path):
 
 
 def test_the_queue_is_bounded_in_bytes_and_counts_what_it_drops(tmp_path):
-    logger = request_log.RequestLogger(str(tmp_path / "big"), 1.0, queue_bytes=3 << 20)
+    logger = request_log.RequestLogger(str(tmp_path / "big"), 1.0,
+                                       request_log.RequestLogOptions(queue_bytes=3 << 20))
     request, response = _pair(128 * 1024)  # 1 MiB of tensor_content each
     accepted = sum(logger.maybe_log("predict", request, response, _spec())
                    for _ in range(12))

@@ -49,7 +49,8 @@ def _spec():
 
 def test_logs_rotate_by_size_are_published_whole_and_flush_on_close(tmp_path):
     prefix = str(tmp_path / "logs" / "tiny")
-    logger = request_log.RequestLogger(prefix, 1.0, max_file_bytes=2000, seed=0)
+    logger = request_log.RequestLogger(
+        prefix, 1.0, request_log.RequestLogOptions(max_file_bytes=2000), seed=0)
     for index in range(40):
         request, response = _predict([[index, index + 1.0]])
         assert logger.maybe_log("predict", request, response, _spec())
@@ -68,7 +69,8 @@ def test_logs_rotate_by_size_are_published_whole_and_flush_on_close(tmp_path):
 
 def test_an_open_file_is_hidden_until_its_age_closes_it(tmp_path):
     prefix = str(tmp_path / "tiny")
-    logger = request_log.RequestLogger(prefix, 1.0, max_file_seconds=0.3)
+    logger = request_log.RequestLogger(
+        prefix, 1.0, request_log.RequestLogOptions(max_file_seconds=0.3))
     request, response = _predict([[1.0, 2.0]])
     logger.maybe_log("predict", request, response, _spec())
     from tests.helpers import wait_until  # pylint: disable=import-outside-toplevel
@@ -89,7 +91,8 @@ def test_sampling_and_a_full_queue_never_block_and_are_counted(tmp_path):
 
     # One slot and big records: the writer cannot keep up, records are dropped and
     # counted, the caller is never blocked.
-    full = request_log.RequestLogger(str(tmp_path / "b" / "f"), 1.0, queue_size=1)
+    full = request_log.RequestLogger(str(tmp_path / "b" / "f"), 1.0,
+                                     request_log.RequestLogOptions(queue_records=1))
     big, big_response = _predict(np.zeros([20000, 2]))
     accepted = sum(full.maybe_log("predict", big, big_response, _spec()) for _ in range(300))
     full.close()

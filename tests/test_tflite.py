@@ -175,23 +175,46 @@ def test_interpreters_per_pool_split_large_requests_and_merge_small_ones(plain_b
     the pool; every request gets exactly its own rows back."""
     servable = tflite_servable.TfLiteServable.load(
         os.path.join(plain_base, "123"), tflite_servable.TfLiteOptions(2, 4))
-    scheduler = servable.session.scheduler
+    batcher = servable.session.batcher  # the server's one scheduler, core/batching.py
     try:
         _, signature = servable.signature("")
         rows = np.arange(300, dtype=np.float32).reshape(300, 1)
         got = servable.run(signature, {"x": rows}, ["y"])["y"]
         np.testing.assert_allclose(got, rows / 2 + 2)
-        assert scheduler.batches_run == 3 and sorted(scheduler.batch_rows) == [50, 125, 125]
+        assert batcher.batches_run == 3 and sorted(batcher.batch_rows) == [50, 125, 125]
 
         def client(worker):
             for i in range(25):
                 value = float(worker * 100 + i)
                 out = servable.run(signature, {"x": np.array([[value]], np.float32)}, ["y"])
                 assert out["y"].tolist() == [[value / 2 + 2]]
-        before = scheduler.batches_run
+        before = batcher.batches_run
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(client, range(8)))
-        assert scheduler.batches_run - before < 200  # some of the 200 requests merged
+        assert batcher.batches_run - before < 200  # some of the 200 requests merged
+    finally:
+        servable.retire()
+
+
+def test_the_scheduler_queue_is_bounded_per_interpreter(plain_base):
+    """500 interpreters per pool: pieces of one row; one interpreter queues at most 100
+    batches, so a 101-row request is UNAVAILABLE (TF Serving's full queue), a 100-row one
+    runs, and an empty input runs alone, beside the scheduler."""
+    servable = tflite_servable.TfLiteServable.load(
+        os.path.join(plain_base, "123"), tflite_servable.TfLiteOptions(1, 500))
+    try:
+        _, signature = servable.signature("")
+        with pytest.raises(errors.ServingError) as full:
+            servable.run(signature, {"x": np.zeros([101, 1], np.float32)}, ["y"])
+        assert full.value.code == grpc.StatusCode.UNAVAILABLE
+        rows = np.arange(100, dtype=np.float32).reshape(100, 1)
+        np.testing.assert_allclose(servable.run(signature, {"x": rows}, ["y"])["y"],
+                                   rows / 2 + 2)
+        assert max(servable.session.batcher.batch_rows) == 1
+        before = servable.session.batcher.batches_run
+        assert servable.run(signature, {"x": np.zeros([0, 1], np.float32)},
+                            ["y"])["y"].shape[0] == 0
+        assert servable.session.batcher.batches_run == before
     finally:
         servable.retire()
 

@@ -93,8 +93,10 @@ def test_unloads_run_in_a_pool_of_num_unload_threads(tmp_path, threads, pooled):
         if state == manager_lib.END:
             ended[version] = threading.current_thread().name
 
-    manager = manager_lib.ModelManager([model_config.ServedModel("tiny", base)], warmup=False,
-                                       on_change=on_change, num_unload_threads=threads)
+    manager = manager_lib.ModelManager(
+        [model_config.ServedModel("tiny", base)],
+        manager_lib.ManagerOptions(warmup=False, num_unload_threads=threads),
+        on_change=on_change)
     try:
         manager.poll()
         tiny_models.write_tiny_model(base, version=2)

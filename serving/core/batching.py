@@ -191,12 +191,12 @@ class _Batch:
 
 class _Queue:
     """One kind of request (see the module docstring): a deque of batches, the last one
-    open. All methods are called with the Batcher's lock held."""
+    open, run through `run(feeds, deadline) -> {output key: ndarray}`. All methods are
+    called with the Batcher's lock held."""
 
-    def __init__(self, params, servable, signature_def, output_keys):
+    def __init__(self, params, run):
         self.params = params
-        self.servable, self.signature_def, self.output_keys = \
-            servable, signature_def, output_keys
+        self.run = run
         self.batches = collections.deque([_Batch()])
         self.running = 0
 
@@ -270,6 +270,8 @@ class _Queue:
 def _split_sizes(rows, first, limit):
     """Piece sizes of a request of `rows` rows: the open batch's free `first` rows, then
     whole `limit`-row batches (batching_session.cc's SplitInputTask)."""
+    if rows == 0:
+        return [0]  # an empty request is one (empty) piece, wherever it lands
     sizes = []
     if first > 0:
         sizes.append(min(first, rows))
@@ -298,13 +300,20 @@ def _batch_rows(feeds):
 
 
 class Batcher:
-    """Shared by all models; `run` blocks until the request's rows are computed."""
+    """Shared by all models; `run` blocks until the request's rows are computed.
 
-    def __init__(self, params: BatchingParameters, on_batch=None, on_queue_wait=None):
+    `run(servable, ...)` batches a servable's requests (--enable_batching); `submit(kind,
+    run, feeds)` batches requests of any kind through the callable `run(feeds, deadline)`
+    (a TFLite model's interpreter pool, core/tflite_servable.py, as TF Serving's
+    TfLiteSession reuses its BasicBatchScheduler)."""
+
+    def __init__(self, params: BatchingParameters, on_batch=None, on_queue_wait=None,
+                 name="batch"):
         """params: the server's parameters (a servable's own `batching_parameters`, when
         set, replace them for its requests; num_batch_threads is always these). on_batch
         (rows after padding) is called for every batch run, on_queue_wait(seconds) for
-        every request as its batch starts (metrics)."""
+        every request as its batch starts (metrics). name: the batch threads' names are
+        `<name>-<i>`."""
         self.params = params
         self._on_batch = on_batch
         self._on_queue_wait = on_queue_wait
@@ -314,29 +323,46 @@ class Batcher:
         self._stopped = False
         self.batches_run = 0  # for tests and metrics: how much batching happened
         self.rows_run = 0
-        self._threads = [threading.Thread(target=self._work, name="batch-%d" % i, daemon=True)
+        self.batch_rows = collections.deque(maxlen=64)  # rows of the latest batches run
+        self._threads = [threading.Thread(target=self._work, name="%s-%d" % (name, i),
+                                          daemon=True)
                          for i in range(params.num_batch_threads)]
         for thread in self._threads:
             thread.start()
 
     def run(self, servable, signature_name, signature_def, feeds, output_keys, deadline=None):
+        """A servable's request, batched with others of the same signature, outputs and
+        input shapes (unless the servable's own parameters say UNBATCHED)."""
         params = getattr(servable, "batching_parameters", None) or self.params
         if params is UNBATCHED:
             return servable.run(signature_def, feeds, output_keys, deadline)
+
+        def run(batch_feeds, batch_deadline):
+            return servable.run(signature_def, batch_feeds, output_keys, batch_deadline)
+
+        return self.submit((id(servable), signature_name, tuple(output_keys)), run, feeds,
+                           deadline, params)
+
+    def submit(self, kind, run, feeds, deadline=None, params=None):
+        """Schedules `feeds` ({key: ndarray}, batch-major) with the requests of the same
+        `kind` (a hashable) and input dtypes and shapes past the batch dimension; blocks
+        until its rows are computed -> {output key: ndarray}. run(feeds, deadline) ->
+        {output key: ndarray} runs a batch; the queue of a kind keeps the `run` of its
+        first request. params: this kind's BatchingParameters (default: the Batcher's)."""
+        params = params or self.params
         rows = _batch_rows(feeds)
         if params.pad_variable_length_inputs:  # shapes differ: padded when batched
             shapes = tuple(sorted((k, v.dtype.str, v.ndim) for k, v in feeds.items()))
         else:
             shapes = tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in feeds.items()))
-        key = (id(servable), signature_name, tuple(output_keys), shapes)
+        key = (kind, shapes)
         request = _Request(feeds, rows, deadline)
         with self._cond:
             if self._stopped:
                 raise errors.unavailable("server is shutting down")
             queue = self._queues.get(key)
             if queue is None:
-                queue = self._queues[key] = _Queue(params, servable, signature_def,
-                                                   output_keys)
+                queue = self._queues[key] = _Queue(params, run)
             queue.schedule(request)
             # a batch to take now, or a new open batch whose timeout a sleeping worker
             # does not know about yet
@@ -408,6 +434,7 @@ class Batcher:
         with self._cond:
             self.batches_run += 1
             self.rows_run += rows
+            self.batch_rows.append(rows)
         if self._on_batch is not None:
             self._on_batch(padded)
         if self._on_queue_wait is not None:
@@ -430,9 +457,8 @@ class Batcher:
         if merged is None:
             for piece in pieces:
                 try:
-                    self._finish(piece, queue.servable.run(
-                        queue.signature_def, piece.feeds, queue.output_keys,
-                        piece.request.deadline), None)
+                    self._finish(piece, queue.run(piece.feeds, piece.request.deadline),
+                                 None)
                 except errors.ServingError as single:
                     self._finish(piece, None, single)
             return
@@ -459,7 +485,7 @@ class Batcher:
                 if padded > rows:  # copies of the last request's first row
                     values.append(np.repeat(values[-1][:1], padded - rows, axis=0))
                 feeds[key] = np.concatenate(values)
-        outputs = queue.servable.run(queue.signature_def, feeds, queue.output_keys, deadline)
+        outputs = queue.run(feeds, deadline)
         for value in outputs.values():
             if value.ndim == 0:
                 raise errors.ServingError(grpc.StatusCode.FAILED_PRECONDITION,

@@ -54,7 +54,15 @@ class WarmupError(Exception):
 
 
 class Servable:
-    """One loaded version: its session and signatures, with in-flight accounting."""
+    """One loaded version: its session and signatures, with in-flight accounting.
+
+    A subclass serving another format (core/tflite_servable.py) overrides `_open`, which
+    makes the session and the signatures, and `run`; the rest is shared."""
+    graph = None  # the TensorFlow graph (a SavedModel's); other formats have none
+    # What this version computes in (--mixed_precision) and whether XLA compiles it
+    # (--xla_cpu_compilation_enabled): reported in the server's metrics.
+    precision = session_lib.FLOAT32
+    xla_jit = False
 
     def __init__(self, name, version, path, session_config=None, tags=None,
                  use_callables=True):
@@ -65,29 +73,33 @@ class Servable:
         self.name = name
         self.version = version
         self.path = path
-        config = session_config if session_config is not None else \
-            tf.compat.v1.ConfigProto()
-        # What this version computes in (--mixed_precision) and whether XLA compiles it
-        # (--xla_cpu_compilation_enabled): reported in the server's metrics.
-        self.precision = session_lib.precision(config)
-        self.xla_jit = session_lib.xla_jit(config)
         # This version's own BatchingParameters (core/batching.py; None: the server's),
         # set by the manager after loading.
         self.batching_parameters = None
-        self.graph = tf.Graph()
-        self.session = tf.compat.v1.Session(graph=self.graph, config=session_config)
-        try:
-            meta_graph = tf.compat.v1.saved_model.loader.load(
-                self.session, list(tags or [tf.saved_model.SERVING]), path)
-        except Exception:
-            self.session.close()
-            raise
-        self.signatures = dict(meta_graph.signature_def)
         self._in_flight = 0
         self._retired = False
         self._lock = threading.Lock()
         self.use_callables = use_callables
         self._callables = collections.OrderedDict()  # (feed names, fetch names) -> callable
+        self.session, signatures = self._open(session_config, tags)
+        self.signatures = dict(signatures)
+
+    def _open(self, session_config, tags):
+        """(session, {name: SignatureDef}) of the version at self.path: here a SavedModel's
+        meta graph tagged `tags` in a new session (closed again if loading fails)."""
+        config = session_config if session_config is not None else \
+            tf.compat.v1.ConfigProto()
+        self.precision = session_lib.precision(config)
+        self.xla_jit = session_lib.xla_jit(config)
+        self.graph = tf.Graph()
+        session = tf.compat.v1.Session(graph=self.graph, config=session_config)
+        try:
+            meta_graph = tf.compat.v1.saved_model.loader.load(
+                session, list(tags or [tf.saved_model.SERVING]), self.path)
+        except Exception:
+            session.close()
+            raise
+        return session, meta_graph.signature_def
 
     @classmethod
     def load(cls, path, session_config=None):

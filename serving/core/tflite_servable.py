@@ -14,21 +14,21 @@ What TF Serving does, and so this does:
 - `--num_tflite_pools` interpreters, each on one thread; a request takes a free one
   (waiting for one if all are busy), resizes its inputs to the request's shapes when they
   differ (the model's graph decides what runs), invokes and returns it.
-- `--num_tflite_interpreters_per_pool` > 1 puts TF Serving's batch scheduler in front:
-  a request's rows are split into pieces of at most 500 / n rows (or the model's fixed
-  batch size), pieces of concurrent requests with the same inputs are merged up to that
-  size, and one worker thread per interpreter runs them in parallel.
+- `--num_tflite_interpreters_per_pool` > 1 puts TF Serving's batch scheduler in front,
+  the server's one scheduler (core/batching.py, as TF Serving's TfLiteSession reuses its
+  BasicBatchScheduler): a request's rows are split into pieces of at most 500 / n rows
+  (or the model's fixed batch size), pieces of concurrent requests with the same inputs
+  are merged up to that size, and one batch thread per interpreter runs them in parallel,
+  each batch on a free interpreter of the pool.
 - Resize, allocation and invocation failures are INTERNAL with TF Serving's messages.
 Differences, each because of the Python runtime: a model with custom ops (Select TF
 "Flex" ops, which TF Serving cannot run, or TF Serving's ParseExample, which the Python
 interpreter has no kernel for) fails to load with a message naming them; a request whose
 dtype differs from the tensor's is INVALID_ARGUMENT (TF Serving copies its bytes as is).
 """
-import collections
 import dataclasses
 import logging
 import queue
-import threading
 
 import grpc
 import numpy as np
@@ -38,6 +38,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from slimserve import fields
 from slimserve.serving import limits
+from slimserve.serving.core import batching
 from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core.servable import DEFAULT_SIGNATURE, Servable
@@ -196,144 +197,28 @@ def _first_line(error):
     return lines[0] if lines else type(error).__name__
 
 
-class _Piece:
-    """Some rows of one request, waiting for a worker (TfLiteBatchTask)."""
-    __slots__ = ("key", "feeds", "rows", "done", "result", "error")
-
-    def __init__(self, key, feeds, rows):
-        self.key, self.feeds, self.rows = key, feeds, rows
-        self.done = threading.Event()
-        self.result = self.error = None
-
-
-class _Scheduler:
-    """TF Serving's BasicBatchScheduler over the interpreters when
-    --num_tflite_interpreters_per_pool > 1: batch timeout 0, large requests split into
-    pieces of at most `max_rows`, one worker per interpreter, at most 100 batches queued
-    per interpreter (UNAVAILABLE beyond, as TF Serving's full queue)."""
-
-    def __init__(self, interpreters, max_rows):
-        self.max_rows = max_rows
-        self._limit = 100 * len(interpreters) * max_rows
-        self._pending = collections.deque()
-        self._queued = 0
-        self._cond = threading.Condition()
-        self._stopped = False
-        self.batches_run = 0  # for tests and logs: how the rows were cut and merged
-        self.batch_rows = collections.deque(maxlen=64)  # rows of the latest batches
-        self._threads = [threading.Thread(target=self._work, args=(interpreter,),
-                                          name="tflite-%d" % i, daemon=True)
-                         for i, interpreter in enumerate(interpreters)]
-        for thread in self._threads:
-            thread.start()
-
-    def run(self, feeds, output_indices):
-        rows = {value.shape[0] if value.ndim else -1 for _, _, value in feeds}
-        pieces = []
-        if len(rows) == 1 and min(rows) > 0:
-            total = rows.pop()
-            key = (tuple((i, v.dtype.str, v.shape[1:]) for i, _, v in feeds),
-                   tuple(output_indices))
-            for start in range(0, total, self.max_rows):
-                stop = min(total, start + self.max_rows)
-                pieces.append(_Piece(key, [(i, n, v[start:stop]) for i, n, v in feeds],
-                                     stop - start))
-        else:  # scalars, empty or ragged batches: one piece of its own, never merged
-            pieces.append(_Piece((object(), tuple(output_indices)), feeds, 0))
-        with self._cond:
-            if self._stopped:
-                raise errors.unavailable("the TFLite model is unloading")
-            rows_asked = sum(p.rows for p in pieces)
-            if self._queued + rows_asked > self._limit:
-                raise errors.unavailable("The batch scheduling queue to which this task was "
-                                         "submitted is full (%d rows queued)", self._queued)
-            self._pending.extend(pieces)
-            self._queued += rows_asked
-            self._cond.notify_all()
-        for piece in pieces:
-            piece.done.wait()
-        for piece in pieces:
-            if piece.error is not None:
-                raise piece.error
-        if len(pieces) == 1:
-            return pieces[0].result
-        if any(o.ndim == 0 or o.shape[0] != p.rows for p in pieces for o in p.result):
-            raise _internal("Tensor concat operation failed: an output's first dimension is "
-                            "not the batch of its %d-row piece", pieces[0].rows)
-        return [np.concatenate([p.result[k] for p in pieces])
-                for k in range(len(output_indices))]
-
-    def _take(self):
-        """The oldest piece plus later ones with the same key, up to max_rows rows."""
-        with self._cond:
-            while not self._pending:
-                if self._stopped:
-                    return None
-                self._cond.wait()
-            first = self._pending.popleft()
-            taken, rows = [first], first.rows
-            if first.rows:
-                kept = collections.deque()
-                while self._pending:
-                    piece = self._pending.popleft()
-                    if piece.key == first.key and rows + piece.rows <= self.max_rows:
-                        taken.append(piece)
-                        rows += piece.rows
-                    else:
-                        kept.append(piece)
-                self._pending = kept
-            self._queued -= rows
-            self.batches_run += 1
-            self.batch_rows.append(rows)
-            return taken
-
-    def _work(self, interpreter):
-        while True:
-            taken = self._take()
-            if taken is None:
-                return
-            try:
-                if len(taken) == 1:
-                    taken[0].result = interpreter.run(taken[0].feeds, list(taken[0].key[1]))
-                else:
-                    self._run_merged(interpreter, taken)
-            except errors.ServingError as error:
-                for piece in taken:
-                    piece.error = error
-            except Exception as error:  # pylint: disable=broad-except
-                for piece in taken:
-                    piece.error = _internal("%s", error)
-            for piece in taken:
-                piece.done.set()
-
-    @staticmethod
-    def _run_merged(interpreter, taken):
-        first = taken[0]
-        feeds = [(index, name, np.concatenate([p.feeds[k][2] for p in taken]))
-                 for k, (index, name, _) in enumerate(first.feeds)]
-        outputs = interpreter.run(feeds, list(first.key[1]))
-        rows = sum(p.rows for p in taken)
-        if any(o.ndim == 0 or o.shape[0] != rows for o in outputs):
-            raise _internal("Tensor split operation failed: an output's first dimension is "
-                            "not the batch of %d rows", rows)
-        start = 0
-        for piece in taken:
-            piece.result = [o[start:start + piece.rows] for o in outputs]
-            start += piece.rows
-
-    def stop(self):
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join(timeout=5)
+def scheduling_parameters(num_interpreters, num_interpreters_per_pool, model_batch_size):
+    """TF Serving's TfLiteSession scheduler (tflite_session.cc) as BatchingParameters: a
+    request is split into pieces of at most 500 / num_interpreters_per_pool rows (or the
+    model's fixed batch size, when above 1), concurrent pieces with the same inputs merged
+    up to that size, batch timeout 0, one batch thread per interpreter, at most 100
+    batches queued per interpreter (UNAVAILABLE beyond). TF Serving also refuses a request
+    above 500 rows; this server splits it like any other (max_batch_size has no say)."""
+    piece = model_batch_size if model_batch_size > 1 else \
+        -(-INITIAL_BATCH_SIZE // num_interpreters_per_pool)
+    return batching.BatchingParameters(
+        max_batch_size=fields.INT64_MAX, batch_timeout_micros=0,
+        max_enqueued_batches=100 * num_interpreters, num_batch_threads=num_interpreters,
+        thread_pool_name="tflite", enable_large_batch_splitting=True,
+        max_execution_batch_size=piece).check("TFLite scheduling parameters")
 
 
 class TfLiteSession:
-    """One TFLite model: its signatures and a pool of interpreters (TfLiteSession)."""
+    """One TFLite model: its signatures and a pool of interpreters (TfLiteSession); with
+    num_interpreters_per_pool > 1, a Batcher (core/batching.py) in front of the pool."""
 
     def __init__(self, data, options=None):
-        options = (options or TfLiteOptions()).check()
+        options = fields.check(options if options is not None else TfLiteOptions())
         unsupported = tflite_model.custom_ops(data)
         if unsupported:
             raise _internal("Cannot build Interpreter from buffer: custom op(s) %s have no "
@@ -347,20 +232,21 @@ class TfLiteSession:
         interpreters = [first] + [_Interpreter(data)
                                   for _ in range(max(1, options.num_pools) - 1)]
         self._pool = queue.LifoQueue()  # TF Serving's pool hands out the last returned
-        self.scheduler = None
+        for interpreter in interpreters:
+            self._pool.put(interpreter)
+        self.batcher = None
         if options.num_interpreters_per_pool > 1:
             details = first.interpreter.get_input_details()
             model_batch = int(details[0]["shape"][0]) if len(details) == 1 and len(
                 details[0]["shape"]) else -1
-            self.scheduler = _Scheduler(
-                interpreters, model_batch if model_batch > 1 else
-                -(-INITIAL_BATCH_SIZE // options.num_interpreters_per_pool))
-        else:
-            for interpreter in interpreters:
-                self._pool.put(interpreter)
+            self.batcher = batching.Batcher(
+                scheduling_parameters(len(interpreters), options.num_interpreters_per_pool,
+                                      model_batch), name="tflite")
 
-    def run(self, feeds, output_names):
-        """feeds: [(tensor name, ndarray)]; -> [ndarray per output name]."""
+    def run(self, feeds, output_names, deadline=None):
+        """feeds: [(tensor name, ndarray)]; -> [ndarray per output name]. deadline: how
+        long a request may wait for the scheduler (an interpreter run itself cannot be
+        cancelled)."""
         resolved = []
         for name, value in feeds:
             try:
@@ -387,51 +273,73 @@ class TfLiteSession:
             except errors.ServingError as error:
                 raise _internal("Missing output TFLite tensor: %s: %s", name,
                                 error.full_message) from None
-        if self.scheduler is not None:
-            return self.scheduler.run(resolved, output_indices)
-        interpreter = self._pool.get()  # waits while every interpreter is busy
+        rows = {value.shape[0] if value.ndim else -1 for _, _, value in resolved}
+        if self.batcher is None or len(rows) != 1 or min(rows) <= 0:
+            # no scheduler; or scalars, empty or ragged batches: run alone, never merged
+            return self._invoke(resolved, output_indices)
+        names = {index: name for index, name, _ in resolved}
+        outputs = self.batcher.submit(
+            tuple(output_indices),
+            lambda batch, _: self._invoke_batch(names, batch, output_indices),
+            {index: value for index, _, value in resolved}, deadline)
+        return [outputs[index] for index in output_indices]
+
+    def _invoke(self, feeds, output_indices):
+        """One run on a free interpreter of the pool (waiting while every one is busy)."""
+        interpreter = self._pool.get()
         try:
-            return interpreter.run(resolved, output_indices)
+            return interpreter.run(feeds, output_indices)
         finally:
             self._pool.put(interpreter)
 
+    def _invoke_batch(self, names, feeds, output_indices):
+        """A batch of the scheduler: {tensor index: ndarray} -> {output index: ndarray},
+        each output's first dimension that of the batch (else INTERNAL, as TF Serving's
+        split of the outputs fails)."""
+        rows = next(iter(feeds.values())).shape[0]
+        values = self._invoke([(index, names[index], feeds[index]) for index in sorted(feeds)],
+                              output_indices)
+        if any(value.ndim == 0 or value.shape[0] != rows for value in values):
+            raise _internal("Tensor split operation failed: an output's first dimension is "
+                            "not the batch of %d rows", rows)
+        return dict(zip(output_indices, values))
+
     def close(self):
         """Drops the interpreters (the servable calls this once no request is in flight)."""
-        if self.scheduler is not None:
-            self.scheduler.stop()
+        if self.batcher is not None:
+            self.batcher.stop()
         while not self._pool.empty():
             self._pool.get_nowait()
 
 
 class TfLiteServable(Servable):
-    """A version served from `<path>/model.tflite`; the interface of Servable (acquire,
-    release, retire, signature, run, warm_up), so the inference service and the batcher
-    treat both alike. `session` is the TfLiteSession (what TF Serving puts in the
-    bundle's session). `TfLiteServable.load(path, options)` reads name and version off
-    the path as Servable.load does."""
+    """A version served from `<path>/model.tflite`; a Servable (acquire, release, retire,
+    signature, run, warm_up) whose session is a TfLiteSession (what TF Serving puts in the
+    bundle's session), so the inference service and the batcher treat both alike.
+    `TfLiteServable.load(path, options)` reads name and version off the path as
+    Servable.load does."""
     # What the model_runtime gauge reports: the interpreter runs the file's own types,
     # and XLA does not apply to it.
     precision = "tflite"
     xla_jit = False
-    batching_parameters = None  # the manager sets a version's own, as for a SavedModel
 
-    def __init__(self, name, version, path, options=None):  # pylint: disable=super-init-not-called
-        self.name = name
-        self.version = version
-        self.path = path
-        self.session = TfLiteSession(tflite_model.read_model(path), options)
-        self.signatures = self.session.signatures
-        self._in_flight = 0
-        self._retired = False
-        self._lock = threading.Lock()
+    def __init__(self, name, version, path, options=None):
+        """options: a TfLiteOptions (--num_tflite_pools, --num_tflite_interpreters_per_pool;
+        default: its defaults)."""
+        self.options = options
+        super().__init__(name, version, path)
+
+    def _open(self, session_config, tags):
+        del session_config, tags  # a TFLite model has neither
+        session = TfLiteSession(tflite_model.read_model(self.path), self.options)
+        return session, session.signatures
 
     def run(self, signature_def, feeds, output_keys, deadline=None):
         """feeds: {input key: ndarray}; returns {output key: ndarray}. An interpreter run
-        cannot be cancelled, so a deadline is only checked before it starts."""
+        cannot be cancelled, so a deadline bounds only the wait before it starts."""
         if deadline is not None and deadline.remaining() <= 0:
             raise deadline.exceeded()
         values = self.session.run(
             [(signature_def.inputs[key].name, value) for key, value in feeds.items()],
-            [signature_def.outputs[key].name for key in output_keys])
+            [signature_def.outputs[key].name for key in output_keys], deadline)
         return dict(zip(output_keys, values))
-
