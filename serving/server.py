@@ -172,6 +172,38 @@ def request_log_options(options):
     return request_log.RequestLogOptions(queue_bytes=options.request_log_queue_bytes)
 
 
+def reload_models(config_proto, where, manager, request_logs, metrics=None,
+                  from_operator=False):
+    """Serve exactly the models of a ModelServerConfig: the manager reloads, then the
+    request loggers follow.
+
+    All or nothing: the configs and their request-log locations are checked first
+    (INVALID_ARGUMENT naming the model), then ModelManager.reload loads new models before
+    it unloads old ones and changes nothing when one fails; only then do the loggers
+    (RequestLogs) and the metrics' served names change. from_operator: the config is the
+    operator's (the polled --model_config_file), not a network client's. Errors are
+    ServingErrors whose messages name no server path."""
+    try:
+        configs = model_config.served_models_from_proto(config_proto, where)
+    except ValueError as error:
+        raise errors.invalid("%s", error) from None
+    try:
+        plan = request_logs.plan(configs, where, from_operator)
+    except ValueError as error:
+        raise errors.invalid("%s", error) from None
+    try:
+        manager.reload(configs)
+    except errors.ServingError:
+        raise
+    except Exception as error:  # pylint: disable=broad-except
+        logging.exception("%s: reload failed", where)
+        raise errors.ServingError(grpc.StatusCode.INTERNAL, "%s: reload failed: %s"
+                                  % (where, error)) from None
+    if metrics is not None:
+        metrics.set_served_models(c.name for c in configs)
+    request_logs.apply(plan, from_operator)
+
+
 def _check_free(host, port, flag, api):
     """A UserError naming the flag when host:port cannot be bound (in use, say)."""
     reason = addresses.tcp_bind_error(host, port) if port > 0 else None
@@ -304,32 +336,11 @@ class ModelServer:
         return bound
 
     def reload_config(self, config_proto, where="ReloadConfigRequest", from_operator=False):
-        """HandleReloadConfigRequest / config-file polling: serve exactly these models.
-
-        All or nothing: the configs and their request-log locations are checked first
-        (INVALID_ARGUMENT naming the model), then ModelManager.reload loads new models
-        before it unloads old ones and changes nothing when one fails; only then do the
-        request loggers follow. Errors are ServingErrors whose messages name no server
-        path."""
-        try:
-            configs = model_config.served_models_from_proto(config_proto, where)
-        except ValueError as error:
-            raise errors.invalid("%s", error) from None
+        """HandleReloadConfigRequest / config-file polling: serve exactly these models
+        (reload_models, one change at a time)."""
         with self._reload_lock:
-            try:
-                plan = self.request_logs.plan(configs, where, from_operator)
-            except ValueError as error:
-                raise errors.invalid("%s", error) from None
-            try:
-                self.manager.reload(configs)
-            except errors.ServingError:
-                raise
-            except Exception as error:  # pylint: disable=broad-except
-                logging.exception("%s: reload failed", where)
-                raise errors.ServingError(grpc.StatusCode.INTERNAL, "%s: reload failed: %s"
-                                          % (where, error)) from None
-            self.metrics.set_served_models(c.name for c in configs)
-            self.request_logs.apply(plan, from_operator)
+            reload_models(config_proto, where, self.manager, self.request_logs, self.metrics,
+                          from_operator)
 
     def start(self):
         """Loads the initial versions, then starts polling and both front ends."""

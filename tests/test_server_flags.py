@@ -3,6 +3,7 @@ a production-style command line starts it, and its config files parse with TF Se
 own text-format grammar (unknown fields named, wrapper values read)."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,8 +18,13 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.apis import regression_pb2
 
-from slimserve.serving.core import batching
+from slimserve import errors as user_errors
+from slimserve import fields
+from slimserve.cli import server as server_cli
+from slimserve.serving import options as options_lib
 from slimserve.serving import server as server_lib
+from slimserve.serving.core import batching
+from slimserve.testing import commands
 from slimserve.testing import tiny_models
 from tests.helpers import ROOT, start_server_process
 
@@ -159,3 +165,58 @@ def test_bad_monitoring_config_names_the_field(tmp_path):
     with pytest.raises(ValueError) as caught:
         server_lib.read_monitoring_path(str(path))
     assert "--monitoring_config_file" in str(caught.value) and '"pth"' in str(caught.value)
+
+
+# --- the command line as a config class, in process ---------------------------------------
+
+def test_every_numeric_flag_is_bounded_above_and_below():
+    """A flag's bound is written once, on its field, and checked before use; every number
+    has a floor and a ceiling."""
+    numeric = [f for _, f in fields.walk(options_lib.ServerOptions)
+               if f.metadata["kind"] in (int, float)]
+    assert numeric
+    loose = [f.name for f in numeric if f.metadata.get("bound") is None or
+             f.metadata["bound"].lower is None or f.metadata["bound"].upper is None]
+    assert not loose, loose
+    assert fields.flags_of(server_cli.CONFIG) == dict(
+        fields.flags_of(options_lib.ServerOptions),
+        version=(False, "Print the version and exit."))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port=70000"], "flag --port=70000: --port must be -1 or in [0, 65535]"),
+    (["--model_base_path=/x", "--rest_api_num_threads=100000"],
+     "--rest_api_num_threads must be in [1, 4096]"),
+    (["--model_base_path=/x", "--model_config_file=/y"],
+     "slimserve-server: give exactly one of --model_base_path or --model_config_file"),
+    (["--model_config_file=/nowhere/models.config"],
+     "slimserve-server: --model_config_file /nowhere/models.config: No such file"),
+    (["--model_base_path=/x", "--grpc_channel_arguments=nokey"],
+     "slimserve-server: --grpc_channel_arguments: expected key=value, got 'nokey'"),
+])
+def test_bad_command_lines_are_one_line_naming_the_flag(args, message):
+    result = commands.run_command("slimserve.cli.server", *args)
+    assert result.code == 1 and message in result.stderr, result.output
+    assert "Traceback" not in result.output
+
+
+def test_version_runs_in_process():
+    result = commands.run_command("slimserve.cli.server", "--version")
+    assert result.code == 0 and "TensorFlow ModelServer 2.15.1" in result.stdout
+
+
+def test_a_port_in_use_is_a_user_error_naming_the_flag(tmp_path):
+    base = str(tmp_path / "tiny")
+    tiny_models.write_tiny_model(base)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        for flag, changes in (("--port", dict(port=port, rest_api_port=0)),
+                              ("--rest_api_port", dict(port=0, rest_api_port=port,
+                                                       grpc_socket_path=str(
+                                                           tmp_path / "grpc.sock")))):
+            with pytest.raises(user_errors.UserError) as caught:
+                server_lib.ModelServer(model_base_path=base, **changes)
+            assert str(caught.value).startswith("%s %d: cannot bind" % (flag, port))
+            assert "already in use" in str(caught.value)

@@ -57,7 +57,7 @@ class RequestLogs:
     def plan(self, configs, where, from_operator):
         """{model: (resolved filename_prefix, sampling_rate)} for the configs'
         logging_config, checked and with their directories made, before anything changes.
-        Raises ValueError naming `where`, the model and the prefix."""
+        Raises a UserError (a ValueError) naming `where`, the model and the prefix."""
         plan = {}
         for config in configs:
             logging_config = getattr(config, "logging_config", None)
@@ -82,7 +82,8 @@ class RequestLogs:
                     raise ValueError("filename_prefix %r: %s"
                                      % (collector.filename_prefix, error)) from None
             except ValueError as error:
-                raise ValueError("%s: model %s: %s" % (where, config.name, error)) from None
+                raise errors.UserError("%s: model %s: %s" % (where, config.name, error)) \
+                    from None
             plan[config.name] = (prefix, rate)
         return plan
 
