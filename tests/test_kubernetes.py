@@ -122,10 +122,13 @@ def console_scripts():
 @pytest.fixture(scope="module")
 def command_flags():
     """{command module: its absl flags} for every command the manifests and the
-    Dockerfile run; each module is imported in its own interpreter (two commands may
-    define a flag of the same name), all at once."""
+    Dockerfile run: those it defines at import, plus those of its config class (CONFIG)
+    when it is built on one; each module is imported in its own interpreter (two commands
+    may define a flag of the same name), all at once."""
     modules = set(console_scripts().values())
-    code = "import json, %s\nfrom absl import flags\nprint(json.dumps(sorted(flags.FLAGS)))"
+    code = ("import json, %s as command\nfrom absl import flags\nfrom slimserve import fields\n"
+            "names = set(flags.FLAGS) | set(fields.flags_of(command.CONFIG)\n"
+            "    if hasattr(command, 'CONFIG') else ())\nprint(json.dumps(sorted(names)))")
     processes = {module: subprocess.Popen([sys.executable, "-c", code % module], cwd=ROOT,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)
