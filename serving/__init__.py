@@ -5,10 +5,12 @@
                     tensor codecs, errors
     api/            gRPC servicer; REST routes and JSON; the waitress HTTP transport; TLS
     config/         the one reader of TF Serving's config files, their messages, the
-                    served-model list, the session config
-    observability/  metrics, request logs, the last-minute request window, status page
+                    served-model list, the session config, the config-file poller
+    observability/  metrics, request logs (and the object owning every model's logger),
+                    the last-minute request window, status page
     tools/          client, load test, canary compare, batching tuner, bulk inference
-    server.py       ModelServer(options): wiring only; options.py: the flags as one object
+    server.py       ModelServer(options): wiring only; options.py: the flags as one object;
+                    limits.py: the bounds of every numeric setting
     tfserving/ kubernetes/   files for the real tensorflow/serving and for clusters
 
 Needs TensorFlow, grpcio, tensorflow-serving-api, waitress, prometheus_client and

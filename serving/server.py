@@ -285,10 +285,16 @@ class ModelServer:
         self.rest_api_port = 0
         if options.rest_api_port:
             _check_free(options.bind_address, options.rest_api_port, "--rest_api_port", "REST")
-            self._rest = http_server.make_server(
-                self.service, options.bind_address, max(options.rest_api_port, 0),
-                self.metrics, monitoring, rest_options(options),
-                tls.server_ssl_context(self.ssl_config) if self.ssl_config else None)
+            try:
+                self._rest = http_server.make_server(
+                    self.service, options.bind_address, max(options.rest_api_port, 0),
+                    self.metrics, monitoring, rest_options(options),
+                    tls.server_ssl_context(self.ssl_config) if self.ssl_config else None)
+            except OSError as error:  # taken between the check and the bind, say
+                raise user_errors.UserError("--rest_api_port %d: cannot bind REST to %s:%d: %s"
+                                            % (options.rest_api_port, options.bind_address,
+                                               options.rest_api_port,
+                                               error.strerror or error)) from None
             self.rest_api_port = self._rest.port
 
     def _grpc_server(self, options, channel_arguments):

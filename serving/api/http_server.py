@@ -308,8 +308,9 @@ class RestOptions:
         rest_api.default_num_threads(), "App threads (4 per CPU, as TF Serving).",
         bound=limits.THREADS, flag="rest_api_num_threads")
     timeout_ms: int = fields.option(
-        30000, "The deadline of each request's inference: cancelled and answered 504 "
-        "past it.", bound=limits.MILLISECONDS, flag="rest_api_timeout_in_ms")
+        rest_api.DEFAULT_TIMEOUT_MS, "The deadline of each request's inference: cancelled "
+        "and answered 504 past it.", bound=limits.MILLISECONDS,
+        flag="rest_api_timeout_in_ms")
     max_body_bytes: int = fields.option(
         64 * 2 ** 20, "Larger bodies get 413 before they are read.", bound=limits.BYTES,
         flag="rest_max_body_bytes")

@@ -42,6 +42,7 @@ _API_PATH = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)
 _ORIGIN = re.compile(r"https?://")
 _INT64_MAX = 2 ** 63 - 1
 JSON_HEADERS = [("Content-Type", "application/json")]
+DEFAULT_TIMEOUT_MS = 30000  # TF Serving's --rest_api_timeout_in_ms
 _CORS = [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Methods", "POST, GET"),
          ("Access-Control-Allow-Headers", "Content-Type")]
 
@@ -86,8 +87,8 @@ def _logged(pair):
 class RestApi:
     """Method + raw path + body -> (HTTP status, headers, body); no transport in here."""
 
-    def __init__(self, service, metrics=None, monitoring_path=None, timeout_ms=30000,
-                 enable_cors=False):
+    def __init__(self, service, metrics=None, monitoring_path=None,
+                 timeout_ms=DEFAULT_TIMEOUT_MS, enable_cors=False):
         """timeout_ms: --rest_api_timeout_in_ms; a request's inference gets what is left
         of it as its deadline (core/deadlines.py: the session run is cancelled when it
         passes, and the request answered 504 DEADLINE_EXCEEDED); <= 0: none."""

@@ -24,6 +24,7 @@ import grpc
 import tensorflow as tf
 from google.protobuf import message as proto_message
 
+from slimserve import errors as user_errors
 from slimserve import fields
 from slimserve.serving import limits
 from slimserve.serving.core import custom_ops
@@ -590,4 +591,4 @@ def _check_unique(configs):
     names = [c.name for c in configs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError("model %s is configured twice" % ", ".join(twice))
+        raise user_errors.UserError("model %s is configured twice" % ", ".join(twice))

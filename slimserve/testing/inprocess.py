@@ -82,7 +82,8 @@ class InProcess:
     rest_api (the RestApi), prediction (PredictionServicer), model (ModelServicer)."""
 
     def __init__(self, served_models, manager_options=None, batching_parameters=None,
-                 request_log_dir=None, rest_timeout_ms=30000, enable_cors=False,
+                 request_log_dir=None, rest_timeout_ms=rest_api.DEFAULT_TIMEOUT_MS,
+                 enable_cors=False,
                  monitoring_path=metrics_lib.PATH, load=True, **service_options):
         """manager_options: a ManagerOptions (default: retries of a failed load wait an
         hour, so a failed version stays failed while a test looks). batching_parameters: batch requests
