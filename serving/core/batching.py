@@ -15,6 +15,10 @@ UNAVAILABLE instead of growing memory. A request's deadline (core/deadlines.py) 
 wait: past it the request is answered DEADLINE_EXCEEDED and dropped from its batch, and a
 batch runs with the latest deadline of its requests as RunOptions.timeout_in_ms.
 
+It is the server's one scheduler: a TFLite model's interpreter pool batches through it too
+(Batcher.submit with core/tflite_servable.py's scheduling_parameters), as TF Serving's
+TfLiteSession reuses its BasicBatchScheduler.
+
 Differences from TF Serving, on purpose: requests of different shapes never share a batch
 without padding (TF Serving fails such a batch as a whole); when a batch fails with an
 error that is not a deadline, its requests are re-run one by one, so one bad request does
