@@ -57,7 +57,7 @@ def test_status_and_metadata_routes(stack):
      "Servable not found for request: Latest(nope)"),
     ("POST", "/v1/models/tiny/versions/7:predict", {"instances": ROWS}, 404,
      "Specific(tiny, 7)"),
-    ("POST", "/v1/models/tiny:predict", b"{not json", 400, ""),
+    ("POST", "/v1/models/tiny:predict", b"{not json", 400, "JSON Parse error"),
     ("PUT", "/v1/models/tiny", None, 400, "Malformed request: PUT /v1/models/tiny"),
     ("POST", "/v1/models/tiny:explain", {}, 400, "Malformed request"),
 ])
