@@ -189,10 +189,11 @@ def help_text(field):
     return text
 
 
-def define_flags(cls, flag_values=None):
+def define_flags(cls, flag_values=None, module_name=None):
     """Defines one absl flag per field of `cls` (sections flattened), each validated by
-    its field's bound; required fields are marked required. Called by a command module
-    at import."""
+    its field's bound; required fields are marked required. module_name: the command's
+    module, which absl files the flags under (else this module, and --help, which lists the
+    main module's flags, would not show them)."""
     from absl import flags  # pylint: disable=import-outside-toplevel
     flag_values = flags.FLAGS if flag_values is None else flag_values
     for _, field in walk(cls):
@@ -201,13 +202,14 @@ def define_flags(cls, flag_values=None):
         choices = field.metadata.get("choices")
         if kind is list:
             flags.DEFINE_list(name, list(default) if default is not None else None, text,
-                    flag_values=flag_values)
+                              flag_values=flag_values, module_name=module_name)
         elif choices:
-            flags.DEFINE_enum(name, default, list(choices), text, flag_values=flag_values)
+            flags.DEFINE_enum(name, default, list(choices), text, flag_values=flag_values,
+                              module_name=module_name)
         else:
             definer = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
                        float: flags.DEFINE_float, str: flags.DEFINE_string}[kind]
-            definer(name, default, text, flag_values=flag_values)
+            definer(name, default, text, flag_values=flag_values, module_name=module_name)
         if field.metadata.get("bound") is not None:
             flags.register_validator(
                 name, lambda value, f=field: violation(f, _converted(f, value)) is None,

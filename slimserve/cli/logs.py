@@ -146,13 +146,18 @@ class _ConciseFormatter(logging.Formatter):
                                 if record.exc_info else "")
 
 
-def command_name(module_name):
-    """slimserve.cli.tune_batching -> slimserve-tune-batching (the console script); under
-    `python -m` the module is __main__ and its spec has the real name."""
+def real_module_name(module_name):
+    """The module's importable name: under `python -m` a command's module is __main__
+    and its spec has the real name."""
     if module_name == "__main__":
         spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        module_name = spec.name if spec is not None else os.path.basename(sys.argv[0])
-    return "slimserve-" + module_name.rsplit(".", 1)[-1].replace("_", "-")
+        return spec.name if spec is not None else os.path.basename(sys.argv[0])
+    return module_name
+
+
+def command_name(module_name):
+    """slimserve.cli.tune_batching -> slimserve-tune-batching (the console script)."""
+    return "slimserve-" + real_module_name(module_name).rsplit(".", 1)[-1].replace("_", "-")
 
 
 def call(name, main, *args):
@@ -186,8 +191,8 @@ def run(main, concise=False, config=None, module=None):
     from slimserve import fields  # pylint: disable=g-import-not-at-top
     module = module or main.__module__
     quiet_tensorflow()
-    if config is not None:
-        fields.define_flags(config)
+    if config is not None:  # filed under the command's module, so --help lists them
+        fields.define_flags(config, module_name=real_module_name(module))
     declare_command_flags(module)
     name = command_name(module)
 

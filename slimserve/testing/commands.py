@@ -38,7 +38,7 @@ def flag_values(module_name):
     """A fresh FlagValues holding the command's flags (those of its CONFIG)."""
     module = importlib.import_module(module_name)
     values = flags.FlagValues()
-    fields.define_flags(module.CONFIG, values)
+    fields.define_flags(module.CONFIG, values, module_name=module_name)
     return values
 
 
