@@ -43,6 +43,7 @@ MAX_LABELLER_CHARS = 64
 DEFAULT_GRID_SIZE = 6
 DEFAULT_CLAIM_SECONDS = 600.0
 COOKIE = "slimserve_label"
+NAME_COOKIE = "slimserve_labeller"  # the name a browser chose, kept across restarts
 # Keys for classes 0.. in order: digits first, then letters other than n and s.
 CLASS_KEYS = "123456789" + "".join(c for c in "abcdefghijklmopqrtuvwxyz")
 NONE_KEY, SKIP_KEY = "n", "s"
@@ -219,7 +220,11 @@ class LabelPage:
                 return self._text(403, "this page's session has expired; reload it")
             if path == "/labeller":
                 session.labeller = _clean_name(form.get("name", "")) or session.labeller
-                return self._redirect(form)
+                status, headers, body = self._redirect(form)
+                headers.append(("Set-Cookie", "%s=%s; SameSite=Strict; Path=/; Max-Age=%d" % (
+                    NAME_COOKIE, urllib.parse.quote(session.labeller, safe=""),
+                    365 * 86400)))
+                return status, headers, body
             return self._decide(session, form)
         if method not in ("GET", "HEAD"):
             return self._text(405, "GET only")
@@ -271,10 +276,11 @@ class LabelPage:
 
     # --- sessions ------------------------------------------------------------------
 
-    def _cookie(self, environ):
-        for part in environ.get("HTTP_COOKIE", "").split(";"):
+    @staticmethod
+    def _cookie(environ, wanted=COOKIE):
+        for part in environ.get("HTTP_COOKIE", "")[:8192].split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE:
+            if name == wanted:
                 return value
         return None
 
@@ -289,7 +295,8 @@ class LabelPage:
                 return (session, False) if create else session
             if not create:
                 return None
-            session = _Session(self.labeller)
+            chosen = _clean_name(urllib.parse.unquote(self._cookie(environ, NAME_COOKIE) or ""))
+            session = _Session(chosen or self.labeller)
             self._sessions[session.token] = session
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
