@@ -6,6 +6,7 @@ logs are written by the server's own RequestLogger (tests/label_logs.py). The pa
 real browser: tests/test_label_browser.py."""
 import concurrent.futures
 import hashlib
+import html as html_lib
 import io
 import json
 import os
@@ -18,7 +19,6 @@ import urllib.parse
 import numpy as np
 import pytest
 from PIL import Image
-from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import errors
 from slimserve import fields
@@ -143,6 +143,36 @@ def test_propose_offers_the_least_confident_logged_images_first(served_logs):
         assert len(candidate.reasons) == (2 if candidate.request_id in both else 1)
 
 
+def test_a_dead_writers_temporary_is_read_and_found_again_once_published(served_logs,
+                                                                         tmp_path):
+    import fcntl  # pylint: disable=import-outside-toplevel
+    import shutil  # pylint: disable=import-outside-toplevel
+    source = label_candidates.log_files(served_logs)[0][0]
+    final = str(tmp_path / "digits-dead-1.tfrecord")
+    temp = str(tmp_path / ".digits-dead-1.tfrecord.tmp")  # as a killed writer leaves it
+    shutil.copy(source, temp)
+    live = str(tmp_path / ".digits-live-2.tfrecord.tmp")  # a writer still writing
+    shutil.copy(source, live)
+    holder = os.open(live, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        pattern = str(tmp_path / "digits*")
+        assert [p for p, _ in label_candidates.log_files(pattern)] == [temp]
+        candidates, scan = label_candidates.propose(pattern, 3)
+    finally:
+        os.close(holder)
+        os.unlink(live)
+    assert scan.records == 27 and candidates[0].log == temp
+    assert candidates[0].request_id.startswith("digits-dead-1-")
+    items = label_items.load_items(candidates, label_candidates.Scan())
+    os.rename(temp, final)  # published meanwhile by the next logger
+    data = label_items.original_image(items[0])
+    assert hashlib.sha256(data).hexdigest() == items[0].image_sha256
+    # Only other models' requests: nothing to offer, every record counted.
+    none, scan = label_candidates.propose(str(tmp_path / "digits*"), 3, model_name="other")
+    assert none == [] and scan.skipped["other model"] == 27
+
+
 def test_candidates_file_round_trip_bounds_and_ids(served_logs, tmp_path):
     candidates, _ = label_candidates.propose(served_logs, 5)
     path = str(tmp_path / "candidates.jsonl")
@@ -162,6 +192,25 @@ def test_candidates_file_round_trip_bounds_and_ids(served_logs, tmp_path):
     assert [c.request_id for c in read[1:]] == [c.request_id for c in candidates[:3]]
     assert sum(skipped.values()) == 3, skipped
     assert not os.path.exists(path + ".tmp-%d" % os.getpid())
+
+
+def test_a_candidates_file_drives_the_page(served_logs, digits_model, tmp_path):
+    base, _ = digits_model
+    candidates, _ = label_candidates.propose(served_logs, 30)
+    chosen = candidates[-4:]  # the four most confident: another scorer's choice
+    path = str(tmp_path / "candidates.jsonl")
+    label_candidates.write_candidates(path, chosen + [
+        label_candidates.Candidate(str(tmp_path / "gone.tfrecord"), 0, score=2.0),
+        label_candidates.Candidate(chosen[0].log, 999, score=3.0)])
+    page, _, notes = label_cli.prepare(config(candidates=path, model_base_path=base,
+                                              output_dir=str(tmp_path / "out")))
+    assert list(page.items) == [c.request_id for c in chosen]
+    for candidate in chosen:  # model, time and top-3 come from the logged record
+        shown = page.items[candidate.request_id].candidate
+        assert [c for c, _ in shown.top] == [c for c, _ in candidate.top]
+        assert [p for _, p in shown.top] == pytest.approx([p for _, p in candidate.top])
+        assert shown.model_name == "digits" and shown.model_version == 1
+    assert "1 log file gone" in notes[-1] and "1 record not in its log file" in notes[-1]
 
 
 @pytest.mark.parametrize("name", ["../evil", "a/b", ".hidden", "  ", "x\ny", ".."])
@@ -395,7 +444,8 @@ def test_hostile_logs_are_escaped_counted_and_never_served_raw(served_logs, digi
     status, headers, body = browser.call("GET", "/")
     html = body.decode()
     assert status == 200 and html.count("<script") == 1 and "<img src=x" not in html
-    assert "&lt;img src=x onerror=&quot;window.canary=2&quot;&gt;" in html  # model name
+    assert html_lib.escape(HOSTILE_MODEL) in html  # the model name, as text
+    assert "&lt;img src=x onerror=&quot;window.canary=2&quot;&gt;" in html
     assert "onerror=\"" not in html
     for name, value in label_page.SECURITY_HEADERS:
         assert headers[name] == value

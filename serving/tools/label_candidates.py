@@ -20,6 +20,7 @@ bounds, a record that is not an image prediction or is malformed is skipped and 
 """
 import collections
 import dataclasses
+import fcntl
 import glob
 import hashlib
 import heapq
@@ -212,11 +213,27 @@ def log_files(pattern):
         for temp in sorted(glob.glob(os.path.join(directory, "." + name +
                                                   request_log.TEMP_SUFFIX))):
             final = published_name(temp)
-            if not any(final == f for f, _ in files):
+            if _abandoned(temp) and not any(final == f for f, _ in files):
                 files.append((temp, glob.escape(final)))
     if not files:
         raise errors.UserError("--logs %s: no request log files match" % pattern)
     return files
+
+
+def _abandoned(temp):
+    """Whether a request log temporary's writer is gone (it holds an exclusive flock while
+    it lives; request_log.py): a live writer's file is read once it is published."""
+    try:
+        fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def iter_indexed(pattern, scan, progress=None):

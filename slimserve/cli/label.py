@@ -1,4 +1,4 @@
-"""slimserve-label: a local web page to label the served images most worth labelling.
+r"""slimserve-label: a local web page to label the served images most worth labelling.
 
     slimserve-label --logs='/logs/resnet*' --model_base_path=/models/resnet \
         --output_dir=new_labels/
@@ -262,7 +262,7 @@ def main(config, args):
 
 
 def run():
-    logs.run(main, config=CONFIG, module=__name__)
+    logs.run(main, concise=True, config=CONFIG, module=__name__)
 
 
 if __name__ == "__main__":
