@@ -4,6 +4,7 @@ command in a child process under the suite's memory cap. Labelling with a click 
 a key, arrows, none of these, skip, resume after the server is killed (-9) and started
 again, two labellers at once (two browser sessions, two page processes), and a log whose
 bytes are hostile: nothing in it executes and the page keeps working."""
+import ctypes
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -37,16 +39,22 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-component-update", "--disable-sync")
 
 
+def _child_limits():
+    """In the child before exec: MEMORY_CAP of address space, and killed with the test
+    process (PR_SET_PDEATHSIG, 1 in <linux/prctl.h>)."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
 class LabelServer:
-    """`slimserve-label ARGS` in a child process on a free port, under MEMORY_CAP."""
+    """`slimserve-label ARGS` in a child process on a free port (its stderr in a file)."""
 
     def __init__(self, *args, timeout=300):
-        def cap():
-            resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "slimserve.cli.label", "--port=0", "--noprogress"]
-            + [str(a) for a in args], cwd=ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, preexec_fn=cap)
+            + [str(a) for a in args], cwd=ROOT, stdout=subprocess.PIPE, stderr=self.stderr,
+            stdin=subprocess.DEVNULL, text=True, preexec_fn=_child_limits)
         deadline = time.monotonic() + timeout
         lines = []
         while time.monotonic() < deadline:
@@ -61,19 +69,22 @@ class LabelServer:
                     self.url = match.group(1)
                     return
         self.process.kill()
+        self.process.wait(60)
+        self.stderr.seek(0)
         raise AssertionError("slimserve-label did not start: %s\n%s" % (
-            "".join(lines), self.process.stderr.read()[-4000:]))
+            "".join(lines), self.stderr.read()[-4000:]))
 
     def kill(self):
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(60)
 
     def stop(self):
-        """SIGTERM -> (exit status, stdout rest, stderr)."""
+        """SIGTERM -> (exit status, the rest of stdout, stderr)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        out, err = self.process.communicate(timeout=60)
-        return self.process.returncode, out, err
+        out, _ = self.process.communicate(timeout=60)
+        self.stderr.seek(0)
+        return self.process.returncode, out, self.stderr.read()
 
 
 @pytest.fixture
@@ -203,8 +214,9 @@ def test_click_key_arrows_skip_none_and_resume_after_kill(served_logs, digits_mo
     records = provenance(out)
     assert len(records) == 5 and records[shown[0]]["class"] == "0"
     assert "Resumed: 4 decision(s)" in driver.find_element(By.TAG_NAME, "footer").text
-    code, out_text, _ = server.stop()
+    code, out_text, err = server.stop()
     assert code == 0 and "3 labelled, 1 none of these, 1 skipped" in out_text
+    assert "Traceback" not in err
 
 
 def test_two_labellers_at_once(served_logs, digits_model, tmp_path, browsers, servers):
