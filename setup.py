@@ -54,7 +54,10 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",
-                 "cryptography>=41", "kubernetes-validate>=1.28", "PyYAML>=5.4"],
+                 "cryptography>=41", "kubernetes-validate>=1.28", "PyYAML>=5.4",
+                 # drives Debian's headless Chromium (chromium-driver) in the labelling
+                 # page's browser test (tests/test_label_browser.py); no browser download
+                 "selenium>=4.15,<5"],
         # Beam >= 2.72 accepts the grpcio (1.85) and protobuf 4.25 tensorflow 2.15 runs
         # with; 2.61-2.71 pin grpcio < 1.66. Python 3.9 gets the last Beam for it.
         "beam": ["apache-beam>=2.72,<3; python_version>='3.10'",
@@ -73,5 +76,6 @@ setup(
         "slimserve-tune=slimserve.cli.tune:run",
         "slimserve-tune-batching=slimserve.cli.tune_batching:run",
         "slimserve-predict=slimserve.cli.predict:run",
+        "slimserve-label=slimserve.cli.label:run",
     ]},
 )
