@@ -262,19 +262,7 @@ def main(config, args):
 
 
 def run():
-    """The console script. The flags are defined here from CONFIG, as logs.run(config=...)
-    would, and also filed under this module, so --helpfull lists them under the command's
-    own name (absl files a flag under the module that called DEFINE: slimserve.fields)."""
-    from absl import flags  # pylint: disable=import-outside-toplevel
-    module = __name__
-    if module == "__main__":
-        spec = getattr(sys.modules["__main__"], "__spec__", None)
-        module = spec.name if spec is not None else module
-    fields.define_flags(CONFIG)
-    for name in fields.flags_of(CONFIG):
-        flags.FLAGS.register_flag_by_module(module, flags.FLAGS[name])
-    logs.run(lambda argv: main(fields.from_flags(CONFIG), argv[1:]), concise=True,
-             module=__name__)
+    logs.run(main, config=CONFIG, concise=True)
 
 
 if __name__ == "__main__":
