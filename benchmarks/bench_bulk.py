@@ -31,8 +31,9 @@ from slimserve.estimator import beam_dataset  # noqa: E402  pylint: disable=wron
 from slimserve.estimator import dataset
 from slimserve.serving.core import batching  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving.tools import beam_inference
+from slimserve.serving.tools import bulk_inputs
 from slimserve.serving.tools import bulk_predict
-
+from slimserve.serving.tools import image_classifier
 from slimserve.serving.tools import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving import server as server_lib
 from slimserve.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
@@ -59,10 +60,10 @@ def bench_conversion(images, count):
 
 
 def bench_inference(images, base, batch_size, rounds, concurrency):
-    refs = bulk_predict.list_inputs(images)
-    encoded = [item.data for ref in refs for item in bulk_predict.read(ref)]
+    refs = bulk_inputs.list_inputs(images)
+    encoded = [item.data for ref in refs for item in bulk_inputs.read(ref)]
     version, path = bulk_predict.model_path(base)
-    classifier = bulk_predict.ImageClassifier(path, version)
+    classifier = image_classifier.ImageClassifier(path, version)
     session, signature = classifier.servable.session, classifier.signature
     feed = signature.inputs[classifier.input_key].name
     fetches = [signature.outputs[k].name for k in classifier.output_keys]

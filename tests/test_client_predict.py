@@ -128,12 +128,12 @@ def test_one_bad_file_costs_one_error_line_and_names_are_printed(server, files):
     errors = out.stderr.strip().splitlines()
     reasons = {line.split(": error: ")[0]: line.split(": error: ")[1] for line in errors
                if ": error: " in line}
-    assert reasons == {
-        files[1]: "is not a JPEG, PNG, GIF or BMP image (the formats the model decodes)",
+    assert reasons == {  # in the words every tool uses (slimserve/image_listing.py)
+        files[1]: "not a JPEG, PNG, GIF or BMP image (the formats the model decodes)",
         files[2]: reasons[files[2]],
-        files[4]: "cannot read it: No such file or directory",
-        files[5]: "is a directory, not an image file",
-        files[6]: "is empty"}
+        files[4]: "unreadable: No such file or directory",
+        files[5]: "not a regular file: a directory",
+        files[6]: "empty file"}
     assert reasons[files[2]].startswith("the server refused it: INVALID_ARGUMENT: ")
     assert errors[-1] == "slimserve-client: 5 of 8 files got no answer (see the error lines " \
         "above)"

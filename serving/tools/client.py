@@ -17,8 +17,6 @@ fault is alone, so one bad file costs one error line, never its neighbours' answ
 """
 import collections
 import concurrent.futures
-import os
-import stat
 import threading
 import time
 
@@ -34,6 +32,7 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve import conventions
+from slimserve import image_listing
 from slimserve.serving.core import tensors
 from slimserve.serving.tools import channel as channel_lib
 
@@ -261,28 +260,11 @@ class Client:
 
 
 def read_image(path, max_bytes):
-    """(bytes, None), or (None, why) for a file that cannot be sent: not a regular file,
-    unreadable, empty, over `max_bytes`, or not a JPEG, PNG, GIF or BMP (what every
-    serving signature decodes), judged by its first bytes. Never opens a named pipe."""
+    """(bytes, None), or (None, why) for a file that cannot be sent: read as every tool
+    reads an image it was given (slimserve/image_listing.py): a regular file (never opens
+    a named pipe or a device) of at most `max_bytes` (--max_message_bytes), not empty, a
+    JPEG, PNG, GIF or BMP (what every serving signature decodes) by its first bytes."""
     try:
-        info = os.stat(path)
-    except OSError as error:
-        return None, "cannot read it: %s" % (error.strerror or error)
-    if stat.S_ISDIR(info.st_mode):
-        return None, "is a directory, not an image file"
-    if not stat.S_ISREG(info.st_mode):
-        return None, "is not a regular file (a pipe, socket or device), not an image file"
-    if info.st_size > max_bytes:
-        return None, "%d bytes, more than --max_message_bytes (%d)" % (info.st_size, max_bytes)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as error:
-        return None, "cannot read it: %s" % (error.strerror or error)
-    if len(data) > max_bytes:
-        return None, "more than --max_message_bytes (%d) bytes" % max_bytes
-    if not data:
-        return None, "is empty"
-    if conventions.image_format(data) is None:
-        return None, "is not a JPEG, PNG, GIF or BMP image (the formats the model decodes)"
-    return data, None
+        return image_listing.read_image(path, max_bytes, "--max_message_bytes"), None
+    except image_listing.NotReadable as reason:
+        return None, str(reason)

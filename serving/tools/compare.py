@@ -22,7 +22,7 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
 from slimserve.serving.core import tensors
-from slimserve.serving.tools import bulk_predict
+from slimserve.serving.tools import image_classifier
 
 # Output keys read for the class decision and for the probabilities, in order of
 # preference: slimserve's predict signatures, then TF Serving's classify convention.
@@ -116,7 +116,7 @@ def compare(logs, baseline_dir, candidate_dir, session_config=None, progress=Non
         for role, directory in (("baseline", baseline_dir), ("candidate", candidate_dir)):
             path = resolve_model_dir(directory)
             models[role] = (servable_lib.Servable(role, 0, path, session_config),
-                            bulk_predict.read_model_labels(path))
+                            image_classifier.read_model_labels(path))
         return _replay(logs, models, progress)
     finally:
         for servable, _ in models.values():

@@ -8,14 +8,13 @@ to the signature's one string input, whose name `Client.image_input_key` reads f
 """
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 
 import numpy as np
 
 from slimserve import conventions
-from slimserve import regular_files
+from slimserve import image_listing
 
 MAX_IMAGES = 256
 MAX_IMAGE_BYTES = 64 * 1024 * 1024
@@ -90,19 +89,23 @@ def run_level(client, images, concurrency, requests, max_seconds=60.0, batch_siz
 
 
 def load_images(path, limit=MAX_IMAGES, max_bytes=MAX_IMAGE_BYTES):
-    """The bytes of an image file, or of the first `limit` images of a folder (by
-    suffix); files that are not regular or are over `max_bytes` are skipped (logged)."""
-    files = [path] if os.path.isfile(path) else [
-        os.path.join(root, name) for root, _, names in os.walk(path) for name in sorted(names)
-        if name.lower().endswith(conventions.SERVABLE_IMAGE_SUFFIXES)]
+    """The bytes of an image file, or of the first `limit` readable images of a folder
+    (files named .jpg, .jpeg, .png, .gif or .bmp) or of a CSV of paths, listed and read as
+    every tool lists and reads images (slimserve/image_listing.py): hidden files are left
+    out, and a file that is not regular or is over `max_bytes` is skipped (logged)."""
+    listing = image_listing.list_input(path, suffixes=conventions.SERVABLE_IMAGE_SUFFIXES)
+    for skipped in listing.skipped:
+        if skipped["reason"] in (image_listing.FOLDER_LINK,) or skipped["reason"].startswith(
+                "unreadable"):
+            logging.warning("skipping %s: %s", skipped["path"], skipped["reason"])
     images = []
-    for name in sorted(files):
+    for entry in listing.entries:
         try:
-            images.append(regular_files.read_regular(name, max_bytes))
-        except regular_files.NotReadable as reason:
-            logging.warning("skipping %s: %s", name, reason)
+            images.append(image_listing.read(entry.path, max_bytes))
+        except image_listing.NotReadable as reason:
+            logging.warning("skipping %s: %s", entry.path, reason)
         if len(images) >= limit:
             break
     if not images:
-        raise ValueError("%s holds no readable JPEG/PNG/GIF/BMP file" % path)
+        raise image_listing.ListingError("%s holds no readable JPEG/PNG/GIF/BMP file" % path)
     return images
