@@ -25,7 +25,7 @@ logs.quiet_tensorflow()
 logging.getLogger("apache_beam").setLevel(logging.WARNING)
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 
-import bench_serve  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import serve_harness  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import make_digits  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 from slimserve.estimator import beam_dataset  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import dataset
@@ -149,7 +149,7 @@ def main():
     count = sum(len(files) for _, _, files in os.walk(images))
     bench_conversion(images, count)
     base = os.path.join(common.work_dir("bulk_export_%d" % args.size), "resnet")
-    bench_serve.make_export(base, args.size)
+    serve_harness.make_export(base, args.size)
     bench_inference(images, base, args.batch_size, args.rounds, args.concurrency)
 
 
