@@ -24,6 +24,7 @@ from slimserve.serving.tools import bulk_report
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.cli import beam as beam_cli
+from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import ROOT
 
@@ -234,9 +235,9 @@ def test_pipes_and_folders_are_error_rows_and_the_bar_counts_predictions(
 def test_an_output_that_is_a_folder_fails_before_any_inference(export_dir, digits_dir,
                                                                tmp_path):
     """Today every image was scored, then the run died with a traceback at the rename."""
-    out = _predict_cli("--model_base_path", os.path.dirname(export_dir), "--input",
-                       digits_dir, "--output", tmp_path, timeout=300)
-    assert out.returncode == 1 and "Traceback" not in out.stderr
+    out = run_command("slimserve.cli.predict", "--model_base_path",
+                      os.path.dirname(export_dir), "--input", digits_dir, "--output", tmp_path)
+    assert out.code == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == (
         "slimserve-predict: --output %s is a directory; give the path of a file to write"
         % tmp_path)

@@ -13,6 +13,7 @@ from PIL import Image
 
 from slimserve.serving.config import model_config
 from slimserve.serving.tools import client as client_lib
+from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import run_cli
 
@@ -153,15 +154,16 @@ def test_json_rows_and_the_signature_flag(server, files):
     assert [(r["class_id"], r["class"]) for r in reversed_] == [(2, "red"), (1, "green")]
     # Its classes are in another order than classify's: only the name it answered is shown.
     assert [e["name"] for e in reversed_[0]["top_k"]] == ["red", None, None]
-    refused = run_cli("slimserve.cli.client", "predict", target, "--model_name=colours",
-                      "--signature_name=pixels", files[0], check=False)
-    assert refused.returncode == 1 and refused.stdout == ""
+    # error paths that stop before any image is sent: run in this process
+    refused = run_command("slimserve.cli.client", "predict", target, "--model_name=colours",
+                          "--signature_name=pixels", files[0])
+    assert refused.code == 1 and refused.stdout == ""
     assert refused.stderr.strip().splitlines()[-1] == (
         "slimserve-client: --signature_name pixels of model colours takes pixels (DT_FLOAT); "
         "encoded image files need a signature with one string input (e.g. "
         "--signature_name=serving_default)")
-    missing = run_cli("slimserve.cli.client", "predict", target, "--model_name=colours",
-                      "--signature_name=nope", files[0], check=False)
+    missing = run_command("slimserve.cli.client", "predict", target, "--model_name=colours",
+                          "--signature_name=nope", files[0])
     assert missing.stderr.strip().splitlines()[-1] == (
         "slimserve-client: --signature_name nope: model colours has no such signature (it has "
         "bgr, classify, pixels, serving_default)")
