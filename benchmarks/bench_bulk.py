@@ -11,7 +11,6 @@ bytes already in memory (the ceiling). In-process and bulk runs alternate in rou
 the noise of a shared machine hits both; the best round of each is reported.
 """
 import argparse
-import concurrent.futures
 import logging
 import os
 import shutil
@@ -34,6 +33,7 @@ from slimserve.serving.tools import beam_inference
 from slimserve.serving.tools import bulk_inputs
 from slimserve.serving.tools import bulk_predict
 from slimserve.serving.tools import image_classifier
+from slimserve.serving.tools import loadtest
 from slimserve.serving.tools import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving import server as server_lib
 from slimserve.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
@@ -105,10 +105,9 @@ def bench_inference(images, base, batch_size, rounds, concurrency):
     client = client_lib.Client("127.0.0.1:%d" % server.port)
     try:
         client.predict_images(encoded[:1])
-        started = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-            list(pool.map(lambda image: client.predict_images([image]), encoded))
-        grpc_rate = len(encoded) / (time.perf_counter() - started)
+        # every image once, batch-1, `concurrency` closed-loop clients: the one load generator
+        grpc_rate = loadtest.run_level(client, encoded, concurrency,
+                                       len(encoded))["images_per_s"]
     finally:
         client.close()
         server.stop()
