@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 
 import serve_harness  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import make_digits  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+from slimserve import image_listing  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import beam_dataset  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import dataset
 from slimserve.serving.core import batching  # noqa: E402  pylint: disable=wrong-import-position
@@ -145,7 +146,7 @@ def main():
         for label, name in all_files[::max(1, len(all_files) // args.images)][:args.images]:
             os.makedirs(os.path.join(images, label), exist_ok=True)
             shutil.copy(os.path.join(source, label, name), os.path.join(images, label, name))
-    count = sum(len(files) for _, _, files in os.walk(images))
+    count = len(image_listing.list_folder(images, labels="required").entries)
     bench_conversion(images, count)
     base = os.path.join(common.work_dir("bulk_export_%d" % args.size), "resnet")
     serve_harness.make_export(base, args.size)
