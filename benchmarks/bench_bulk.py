@@ -11,7 +11,6 @@ bytes already in memory (the ceiling). In-process and bulk runs alternate in rou
 the noise of a shared machine hits both; the best round of each is reported.
 """
 import argparse
-import concurrent.futures
 import logging
 import os
 import shutil
@@ -25,14 +24,17 @@ logs.quiet_tensorflow()
 logging.getLogger("apache_beam").setLevel(logging.WARNING)
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 
-import bench_serve  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import serve_harness  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import make_digits  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+from slimserve import image_listing  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import beam_dataset  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import dataset
 from slimserve.serving.core import batching  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving.tools import beam_inference
+from slimserve.serving.tools import bulk_inputs
 from slimserve.serving.tools import bulk_predict
-
+from slimserve.serving.tools import image_classifier
+from slimserve.serving.tools import loadtest
 from slimserve.serving.tools import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving import server as server_lib
 from slimserve.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
@@ -59,10 +61,10 @@ def bench_conversion(images, count):
 
 
 def bench_inference(images, base, batch_size, rounds, concurrency):
-    refs = bulk_predict.list_inputs(images)
-    encoded = [item.data for ref in refs for item in bulk_predict.read(ref)]
+    refs = bulk_inputs.list_inputs(images)
+    encoded = [item.data for ref in refs for item in bulk_inputs.read(ref)]
     version, path = bulk_predict.model_path(base)
-    classifier = bulk_predict.ImageClassifier(path, version)
+    classifier = image_classifier.ImageClassifier(path, version)
     session, signature = classifier.servable.session, classifier.signature
     feed = signature.inputs[classifier.input_key].name
     fetches = [signature.outputs[k].name for k in classifier.output_keys]
@@ -104,10 +106,9 @@ def bench_inference(images, base, batch_size, rounds, concurrency):
     client = client_lib.Client("127.0.0.1:%d" % server.port)
     try:
         client.predict_images(encoded[:1])
-        started = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-            list(pool.map(lambda image: client.predict_images([image]), encoded))
-        grpc_rate = len(encoded) / (time.perf_counter() - started)
+        # every image once, batch-1, `concurrency` closed-loop clients: the one load generator
+        grpc_rate = loadtest.run_level(client, encoded, concurrency,
+                                       len(encoded))["images_per_s"]
     finally:
         client.close()
         server.stop()
@@ -145,10 +146,10 @@ def main():
         for label, name in all_files[::max(1, len(all_files) // args.images)][:args.images]:
             os.makedirs(os.path.join(images, label), exist_ok=True)
             shutil.copy(os.path.join(source, label, name), os.path.join(images, label, name))
-    count = sum(len(files) for _, _, files in os.walk(images))
+    count = len(image_listing.list_folder(images, labels="required").entries)
     bench_conversion(images, count)
     base = os.path.join(common.work_dir("bulk_export_%d" % args.size), "resnet")
-    bench_serve.make_export(base, args.size)
+    serve_harness.make_export(base, args.size)
     bench_inference(images, base, args.batch_size, args.rounds, args.concurrency)
 
 

@@ -22,6 +22,7 @@ from slimserve.cli import logs  # pylint: disable=wrong-import-order
 logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 
+from slimserve import image_listing  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import dataset  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import inputs
 from slimserve.estimator import preprocessing
@@ -31,10 +32,8 @@ SIZE = 224
 
 
 def _files(folder):
-    out = []
-    for root, _, names in os.walk(folder):
-        out += [os.path.join(root, n) for n in sorted(names)]
-    return sorted(out)
+    """The images of a folder tree, listed as every tool lists them (image_listing)."""
+    return sorted(entry.path for entry in image_listing.list_folder(folder).entries)
 
 
 def _pil_preprocess(path, rng):

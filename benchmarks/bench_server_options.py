@@ -13,9 +13,13 @@ import os
 
 import numpy as np
 
-import bench_serve  # pylint: disable=wrong-import-order
 import common  # pylint: disable=wrong-import-order
 import request_rate  # pylint: disable=wrong-import-order
+import serve_harness  # pylint: disable=wrong-import-order
+
+import tensorflow as tf  # noqa: E402  (quieted by serve_harness)  pylint: disable=wrong-import-order
+
+from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
 
 
 def main():
@@ -38,16 +42,14 @@ def main():
             make_photos.write_photos(photos, 400)
         model_name = "resnet"
         base = os.path.join(common.WORK, "serve_models_%d" % args.image_size)
-        bench_serve.make_export(base, args.image_size)
-        request = bench_serve.predict_requests(
-            bench_serve.loadtest.load_images(photos)[:1])[0]
+        serve_harness.make_export(base, args.image_size)
+        request = serve_harness.predict_requests(loadtest.load_images(photos)[:1])[0]
     else:
         model_name = "tiny"
-        base = bench_serve.tiny_model(os.path.join(common.WORK, "tiny_models", "tiny"))
+        base = serve_harness.tiny_model(os.path.join(common.WORK, "tiny_models", "tiny"))
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "tiny"
-        request.inputs["x"].CopyFrom(bench_serve.tf.make_tensor_proto(
-            [[1.0, 2.0]], bench_serve.tf.float32))
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0, 2.0]], tf.float32))
         request = request.SerializeToString()
     body = json.dumps({"instances": [[1.0, 2.0]]}).encode()
     variants = args.variant or [""]
@@ -57,14 +59,14 @@ def main():
             root, flags = None, variant.split()
             if flags and flags[0].startswith("@"):
                 root, flags = flags[0][1:], flags[1:]
-            servers[variant] = bench_serve.start_server(base, False, None, model_name=model_name,
-                                                        root=root, extra_args=flags)
+            servers[variant] = serve_harness.start_server(base, model_name=model_name,
+                                                          root=root, extra_args=flags)
         runs = {}
-        for variant, (_, target, metrics_url) in servers.items():
-            runs[("grpc", variant)] = (lambda target=target: request_rate.grpc_rate(
-                target, bench_serve.PREDICT, request, args.concurrency, args.seconds))
+        for variant, server in servers.items():
+            runs[("grpc", variant)] = (lambda target=server.address: request_rate.grpc_rate(
+                target, serve_harness.PREDICT, request, args.concurrency, args.seconds))
             if args.rest and not args.image_size:
-                port = int(metrics_url.split(":")[2].split("/")[0])
+                port = server.rest_port
                 runs[("rest", variant)] = (lambda port=port: request_rate.http_rate(
                     port, "/v1/models/tiny:predict", body, args.concurrency, args.seconds))
         rates = {key: [] for key in runs}
@@ -74,9 +76,8 @@ def main():
             for key in order[turn:] + order[:turn]:
                 rates[key].append(runs[key]()[0])
     finally:
-        for process, _, _ in servers.values():
-            process.terminate()
-            process.wait(timeout=30)
+        for server in servers.values():
+            server.stop()
     first = {api: np.array(rates[(api, variants[0])]) for api in ("grpc", "rest")
              if (api, variants[0]) in rates}
     rows = [[api, variant or "(default)", "%.0f" % np.median(values),

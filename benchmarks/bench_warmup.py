@@ -25,7 +25,8 @@ import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 from tensorflow_serving.apis import model_pb2  # noqa: E402  pylint: disable=wrong-import-position
 from tensorflow_serving.apis import predict_pb2  # noqa: E402  pylint: disable=wrong-import-position
 
-import bench_serve  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import serve_harness  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+from slimserve import image_listing  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.export import warmup  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.export import writer
 from slimserve.serving.observability import request_log  # noqa: E402  pylint: disable=wrong-import-position
@@ -84,11 +85,10 @@ def main():
     photos = common.work_dir("photos")
     if not os.listdir(photos):
         make_photos.write_photos(photos, 400)
-    files = sorted(os.path.join(root, name) for root, _, names in os.walk(photos)
-                   for name in names if name.lower().endswith((".jpg", ".jpeg", ".png")))
-    files = files[:max(batches) + 2]
-    images = [open(path, "rb").read() for path in files]
-    synthetic = bench_serve.make_export(
+    files = [entry.path for entry in image_listing.list_folder(
+        photos, suffixes=(".jpg", ".jpeg", ".png")).entries][:max(batches) + 2]
+    images = [image_listing.read(path, 0) for path in files]
+    synthetic = serve_harness.make_export(
         os.path.join(common.WORK, "serve_models_%d" % args.image_size), args.image_size)
     prefix = os.path.join(common.work_dir("warmup_logs_%d" % args.image_size), "resnet")
     if not tf.io.gfile.glob(prefix + "*"):

@@ -7,15 +7,18 @@ concurrency by a gRPC client, and py-spy's top functions are printed as text.
     python benchmarks/profile_server.py --model digits --image_size 224 --concurrency 8 \
         --server_args "--enable_batching" --idle
 
-`tiny` is slimserve/testing/tiny_models.py's SavedModel (inference costs ~nothing: the server's own
-per-request work shows); `digits` is resnet_v1_50 at --image_size (32) as bench_serve.py
-makes it. By default only samples of threads holding the GIL count (where the server's
-Python time goes); --idle counts every thread's samples (where threads wait).
+`tiny` is slimserve/testing/tiny_models.py's SavedModel (inference costs ~nothing: the
+server's own per-request work shows); `digits` is resnet_v1_50 at --image_size (32) as
+bench-serve makes it (benchmarks/serve_harness.py). The server starts through the one
+launcher (serving/tools/server_process.py: its own free port, memory-capped, gone with
+this process) and the load comes from the one load generator (benchmarks/request_rate.py
+over serving/tools/loadtest.py). By default only samples of threads holding the GIL count
+(where the server's Python time goes); --idle counts every thread's samples (where
+threads wait).
 """
 import argparse
 import collections
 import os
-import socket
 import subprocess
 import sys
 
@@ -27,6 +30,9 @@ from slimserve.cli import logs  # pylint: disable=wrong-import-order
 logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 from tensorflow_serving.apis import predict_pb2  # noqa: E402  pylint: disable=wrong-import-position
+
+from slimserve.serving.tools import server_process  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.testing import servers  # noqa: E402  pylint: disable=wrong-import-position
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
@@ -45,7 +51,6 @@ def tiny_request():
 
 def digits_request(size=32):
     """(base path, serialized PredictRequest of one real photo) for resnet_v1_50 at `size`."""
-    import bench_serve  # pylint: disable=import-outside-toplevel
     import make_photos  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import loadtest  # pylint: disable=import-outside-toplevel
     photos = common.work_dir("photos")
@@ -53,17 +58,12 @@ def digits_request(size=32):
         make_photos.write_photos(photos, 400)
     image = loadtest.load_images(photos)[0]
     base = os.path.join(common.WORK, "serve_models_%d" % size)
-    bench_serve.make_export(base, size)
+    import serve_harness  # pylint: disable=import-outside-toplevel
+    serve_harness.make_export(base, size)
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "resnet"
     request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([image]))
     return base, request.SerializeToString()
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def top_functions(raw_path, count):
@@ -95,20 +95,15 @@ def main():
     base, request = (tiny_request() if args.model == "tiny"
                      else digits_request(args.image_size))
     name = "tiny" if args.model == "tiny" else "resnet"
-    port = free_port()
     raw = os.path.join(common.work_dir("profiles"), "%s-c%d.txt" % (args.model,
                                                                     args.concurrency))
     py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    server = subprocess.Popen(
-        ["prlimit", "--as=6000000000", sys.executable, "-m", "slimserve.cli.server",
-         "--port", str(port), "--rest_api_port", "0", "--model_name", name,
-         "--model_base_path", base] + args.server_args.split(), cwd=common.ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = server_process.ServerProcess(
+        ["--rest_api_port=0", "--model_name=%s" % name, "--model_base_path=%s" % base]
+        + args.server_args.split(), "profiled", memory_cap=servers.MODEL_MEMORY_CAP,
+        cwd=common.ROOT)
     try:
-        for line in server.stdout:
-            if line.startswith("slimserve-server"):
-                break
-        target = "127.0.0.1:%d" % port
+        target = server.address
         request_rate.grpc_rate(target, PREDICT, request, args.concurrency, 2)  # warm up
         # sampled only while loaded, only threads holding the GIL unless --idle: where the
         # server's Python time goes
@@ -122,7 +117,6 @@ def main():
         spy.wait(timeout=120)
     finally:
         server.kill()
-        server.wait(timeout=60)
     samples, top = top_functions(raw, args.top)
     print("%s model, concurrency %d: %.0f requests/s (%d errors); %d samples; top "
           "functions by own time:" % (args.model, args.concurrency, rate, errors, samples))

@@ -1,7 +1,8 @@
-"""Maximum request rate of a gRPC or HTTP server at a fixed concurrency, with a client
-light enough that the server, not the client, is what is measured: gRPC requests are
-serialized once and kept `concurrency` in flight with futures (no client threads);
-HTTP requests go over keep-alive connections, one thread each.
+"""Maximum request rate of a gRPC or HTTP server at a fixed concurrency, measured with the
+project's one load generator (serving/tools/loadtest.py `run_level`, time-bounded with a
+warm-up) through a light `send`: gRPC requests serialized once and sent as bytes over a
+bare channel (no client-side conversion), HTTP requests over one keep-alive connection
+per client.
 
 Also starts the bare references the served rates are compared with: a grpcio server
 that answers at once (benchmarks/echo_server.py with 0 s) and waitress serving a WSGI
@@ -12,94 +13,115 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import grpc
 
+from slimserve.serving.tools import loadtest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_MESSAGE = 256 * 2 ** 20
+
+
+class GrpcSender:
+    """send(index): one unary call of `method` with requests[index % len(requests)]
+    (serialized bytes in, bytes out) on one shared channel; raises grpc.RpcError."""
+
+    def __init__(self, target, method, requests, timeout=30.0):
+        self.channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE)])
+        self._call = self.channel.unary_unary(method)
+        self._requests, self._timeout = list(requests), timeout
+
+    def __call__(self, index):
+        return self._call(self._requests[index % len(self._requests)], timeout=self._timeout)
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class HttpStatusError(Exception):
+    """An HTTP answer other than 200."""
+
+
+class HttpSender:
+    """send(index): POST `body` to `path` (GET without a body) over the calling thread's
+    own keep-alive connection, reopened after a failure; raises for a status other than
+    200 or a broken connection."""
+
+    def __init__(self, port, path, body=None, timeout=30.0):
+        self.port, self.path, self.body, self.timeout = port, path, body, timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections = []
+
+    def _connection(self):
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = http.client.HTTPConnection("127.0.0.1", self.port,
+                                                    timeout=self.timeout)
+            self._local.connection = connection
+            with self._lock:
+                self._connections.append(connection)
+        return connection
+
+    def __call__(self, index):
+        del index
+        connection = self._connection()
+        try:
+            if self.body is None:
+                connection.request("GET", self.path)
+            else:
+                connection.request("POST", self.path, self.body,
+                                   {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            self._local.connection = None
+            raise
+        if response.status != 200:
+            raise HttpStatusError(response.status)
+
+    def close(self):
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def rate(send, concurrency, seconds, warmup):
+    """(requests per second over `seconds` after `warmup`, errors) of `send` kept
+    `concurrency` in flight by the closed-loop load generator."""
+    result = loadtest.run_level(None, None, concurrency, None, warmup + seconds, send=send,
+                                warmup_seconds=warmup)
+    return result["requests_per_s"], sum(result["errors"].values())
 
 
 def grpc_rate(target, method, request_bytes, concurrency, seconds):
     """Requests per second of `method` on `target` with `concurrency` calls always in
     flight for `seconds` (after a short warm-up); -> (rate, errors)."""
-    channel = grpc.insecure_channel(target, options=[
-        ("grpc.max_receive_message_length", 256 * 2 ** 20)])
-    call = channel.unary_unary(method)  # bytes in, bytes out
-    lock = threading.Condition()
-    state = {"done": 0, "errors": 0, "open": 0, "stop_at": None, "counting": False}
-
-    def launch():
-        future = call.future(request_bytes, timeout=30)
-        future.add_done_callback(finish)
-
-    def finish(future):
-        with lock:
-            if future.exception() is not None:
-                state["errors"] += 1
-            elif state["counting"]:
-                state["done"] += 1
-            again = time.perf_counter() < state["stop_at"]
-            if not again:
-                state["open"] -= 1
-                lock.notify_all()
-        if again:
-            launch()
-
-    warmup = min(1.0, seconds / 4)
-    state["stop_at"] = time.perf_counter() + warmup + seconds
-    with lock:
-        state["open"] = concurrency
-    for _ in range(concurrency):
-        launch()
-    time.sleep(warmup)
-    with lock:
-        state["counting"], started, before = True, time.perf_counter(), state["done"]
-    time.sleep(seconds)
-    with lock:
-        rate = (state["done"] - before) / (time.perf_counter() - started)
-        state["counting"] = False
-        lock.wait_for(lambda: state["open"] == 0, timeout=60)
-    channel.close()
-    return rate, state["errors"]
+    with GrpcSender(target, method, [request_bytes]) as send:
+        return rate(send, concurrency, seconds, min(1.0, seconds / 4))
 
 
 def http_rate(port, path, body, concurrency, seconds):
     """Requests per second of POST `path` with `concurrency` keep-alive clients; ->
-    (rate, errors). Each client is a thread with its own connection."""
-    stop_at = time.perf_counter() + 0.5 + seconds
-    counts, errors = [0] * concurrency, [0] * concurrency
-    counting = threading.Event()
-
-    def client(index):
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        while time.perf_counter() < stop_at:
-            try:
-                connection.request("POST", path, body, {"Content-Type": "application/json"})
-                response = connection.getresponse()
-                response.read()
-                if response.status != 200:
-                    errors[index] += 1
-                elif counting.is_set():
-                    counts[index] += 1
-            except (OSError, http.client.HTTPException):
-                errors[index] += 1
-                connection.close()
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        connection.close()
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True)
-               for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.5)
-    before, started = sum(counts), time.perf_counter()
-    counting.set()
-    time.sleep(seconds)
-    rate = (sum(counts) - before) / (time.perf_counter() - started)
-    counting.clear()
-    for thread in threads:
-        thread.join(60)
-    return rate, sum(errors)
+    (rate, errors)."""
+    with HttpSender(port, path, body) as send:
+        return rate(send, concurrency, seconds, 0.5)
 
 
 def start_reference(script, *args):

@@ -1,31 +1,27 @@
 """Which HTTP server library carries the REST API: waitress (WSGI, event loop for sockets,
 thread pool for the app) against aiohttp (asyncio, app run in a thread pool), side by side
-in one run. Each serves the same RestApi over the tiny test model, in its own process; a
-client process keeps `concurrency` keep-alive connections busy for `--seconds` per cell.
+in one run. Each serves the same RestApi over the tiny test model, in its own process (bound to a
+port the kernel picks, which it prints: no port is picked, closed and hoped for); the
+project's one load generator (serving/tools/loadtest.py through benchmarks/request_rate.py)
+keeps `concurrency` keep-alive connections busy for `--seconds` per cell.
 
     PYTHONPATH=$PWD python benchmarks/rest_server_libraries.py --seconds 5
 
 Cells: a trivial GET answered without the model, and the tiny model's :predict.
 """
 import argparse
-import http.client
 import json
-import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
+
+import request_rate  # pylint: disable=wrong-import-order
+
+from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
 
 _PREDICT = json.dumps({"instances": [[1.0, 2.0]]}).encode()
 _TRIVIAL = b'{"ok": true}\n'
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _service(model_dir):
@@ -38,9 +34,9 @@ def _service(model_dir):
     return service.InferenceService(manager)
 
 
-def _serve_waitress(model_dir, port):
+def _serve_waitress(model_dir):
     from slimserve.serving.api import http_server  # pylint: disable=import-outside-toplevel
-    server = http_server.RestServer(_service(model_dir), "127.0.0.1", port)
+    server = http_server.RestServer(_service(model_dir), "127.0.0.1", 0)
     api_app = server._server.application  # pylint: disable=protected-access
 
     def app(environ, start_response):
@@ -52,11 +48,11 @@ def _serve_waitress(model_dir, port):
 
     server._server.application = app  # pylint: disable=protected-access
     server.start()
-    print("ready", flush=True)
+    print(server.port, flush=True)
     threading.Event().wait()
 
 
-def _serve_aiohttp(model_dir, port):
+def _serve_aiohttp(model_dir):
     import asyncio  # pylint: disable=import-outside-toplevel
     import concurrent.futures  # pylint: disable=import-outside-toplevel
     from aiohttp import web  # pylint: disable=import-outside-toplevel
@@ -78,36 +74,21 @@ def _serve_aiohttp(model_dir, port):
     app = web.Application(client_max_size=64 * 2 ** 20)
     app.router.add_get("/trivial", trivial)
     app.router.add_route("*", "/{tail:.*}", api_handler)
-    print("ready", flush=True)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(128)
+    print(listening.getsockname()[1], flush=True)  # listening before the parent connects
+    web.run_app(app, sock=listening, print=None, access_log=None)
 
 
 def _load(port, path, body, concurrency, seconds):
-    counts = [0] * concurrency
-    failures = []
-    stop = time.monotonic() + seconds
-
-    def worker(index):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        while time.monotonic() < stop:
-            conn.request("POST" if body else "GET", path, body=body)
-            response = conn.getresponse()
-            response.read()
-            if response.status != 200:
-                failures.append(response.status)
-                return
-            counts[index] += 1
-        conn.close()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise RuntimeError("non-200 answers: %s" % failures[:5])
-    return sum(counts) / (time.monotonic() - started)
+    """Requests per second of `concurrency` keep-alive clients for `seconds` (POST with a
+    body, else GET); RuntimeError when any answer was not 200."""
+    with request_rate.HttpSender(port, path, body) as send:
+        result = loadtest.run_level(None, None, concurrency, None, seconds, send=send)
+    if result["errors"]:
+        raise RuntimeError("failed requests: %s" % result["errors"])
+    return result["requests_per_s"]
 
 
 def main():
@@ -115,32 +96,18 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--serve", choices=["waitress", "aiohttp"])
     parser.add_argument("--model_dir")
-    parser.add_argument("--port", type=int)
     args = parser.parse_args()
     if args.serve:
         return (_serve_waitress if args.serve == "waitress" else _serve_aiohttp)(
-            args.model_dir, args.port)
+            args.model_dir)
     from slimserve.testing import tiny_models  # pylint: disable=import-outside-toplevel
     with tempfile.TemporaryDirectory() as tmp:
         tiny_models.write_tiny_model(tmp)
         rows = []
         for library in ("waitress", "aiohttp"):
-            port = _free_port()
-            server = subprocess.Popen(
-                [sys.executable, __file__, "--serve", library, "--model_dir", tmp,
-                 "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                text=True)
+            server, port = request_rate.start_reference(
+                "rest_server_libraries.py", "--serve", library, "--model_dir", tmp)
             try:
-                assert server.stdout.readline().strip() == "ready"
-                deadline = time.monotonic() + 60
-                while True:  # aiohttp binds after printing; wait for the port
-                    try:
-                        socket.create_connection(("127.0.0.1", port), 1).close()
-                        break
-                    except OSError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.05)
                 _load(port, "/v1/models/tiny:predict", _PREDICT, 4, 1.0)  # warm up
                 for name, path, body in (("trivial GET", "/trivial", None),
                                          ("tiny :predict", "/v1/models/tiny:predict",
@@ -150,8 +117,7 @@ def main():
                         rows.append((library, name, concurrency, rate))
                         print("%-9s %-14s c=%-3d %8.0f req/s" % rows[-1], flush=True)
             finally:
-                server.kill()
-                server.wait()
+                request_rate.stop(server)
     return 0
 
 

@@ -2,7 +2,8 @@
 
     python benchmarks/soak.py [--minutes 10] [--log_disk_mb 64] [--address_space_gb 4]
 
-A real slimserve-server under `prlimit --as`, with request logging at sampling 1.0 onto a
+A real slimserve-server (started by serving/tools/server_process.py, the one launcher,
+under an address-space cap), with request logging at sampling 1.0 onto a
 small tmpfs of its own (the script re-runs itself under `unshare -m`, or `unshare -rm`
 when not root, so the mount is private), serves for --minutes while:
 
@@ -35,7 +36,6 @@ import logging
 import os
 import random
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -65,7 +65,7 @@ def _parse_args():
     parser.add_argument("--work_dir", default=os.path.join(common.WORK, "soak"))
     parser.add_argument("--log_disk_mb", type=int, default=64, help="tmpfs for the logs")
     parser.add_argument("--address_space_gb", type=float, default=4.0,
-                        help="prlimit --as of the server")
+                        help="address-space cap (RLIMIT_AS) of the server")
     parser.add_argument("--edit_seconds", type=float, default=3.0)
     parser.add_argument("--churn_seconds", type=float, default=5.0)
     parser.add_argument("--full_seconds", type=float, default=30.0)
@@ -96,9 +96,9 @@ from tensorflow_serving.apis import predict_pb2  # noqa: E402
 from tensorflow_serving.apis import prediction_service_pb2_grpc  # noqa: E402
 from tensorflow_serving.apis import regression_pb2  # noqa: E402
 
-from slimserve.serving import server as server_lib  # noqa: E402
 from slimserve.serving.observability import metrics as metrics_lib  # noqa: E402
 from slimserve.serving.observability import request_log  # noqa: E402
+from slimserve.serving.tools import server_process  # noqa: E402
 from slimserve.testing import tiny_models  # noqa: E402
 
 C = grpc.StatusCode
@@ -392,18 +392,6 @@ def _fill(directory):
     return path
 
 
-def _start_server(args, stderr):
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    ready, _, _ = select.select([process.stdout], [], [], 300)
-    line = process.stdout.readline() if ready else ""
-    try:
-        grpc_port, rest_port = server_lib.parse_ready_line(line)
-    except ValueError:
-        process.kill()
-        raise SystemExit("soak: the server did not start: %r (see its log)" % line) from None
-    return process, grpc_port, rest_port
-
-
 def main(args):
     work = os.path.abspath(args.work_dir)
     shutil.rmtree(work, ignore_errors=True)
@@ -427,16 +415,20 @@ def main(args):
     _write_atomically(config_file, variants[0])
     monitoring = os.path.join(work, "monitoring.config")
     _write_atomically(monitoring, "prometheus_config { enable: true }\n")
-    server_log = open(os.path.join(work, "server.log"), "w")  # pylint: disable=consider-using-with
-    command = ["prlimit", "--as=%d" % int(args.address_space_gb * 1024 ** 3),
-               sys.executable, "-m", "slimserve.cli.server", "--port=-1", "--rest_api_port=-1",
-               "--model_config_file=%s" % config_file,
-               "--model_config_file_poll_wait_seconds=1", "--file_system_poll_wait_seconds=1",
-               "--request_log_dir=%s" % log_dir, "--monitoring_config_file=%s" % monitoring,
-               "--enable_batching", "--enable_model_warmup=false"]
-    process, grpc_port, rest_port = _start_server(command, server_log)
+    server_log = os.path.join(work, "server.log")
+    flags = ["--model_config_file=%s" % config_file,
+             "--model_config_file_poll_wait_seconds=1", "--file_system_poll_wait_seconds=1",
+             "--request_log_dir=%s" % log_dir, "--monitoring_config_file=%s" % monitoring,
+             "--enable_batching", "--enable_model_warmup=false"]
+    try:
+        server = server_process.ServerProcess(
+            flags, "soak", log_path=server_log,
+            memory_cap=int(args.address_space_gb * 1024 ** 3))
+    except server_process.ServerNotStarted as error:
+        raise SystemExit("soak: %s (see %s)" % (error, server_log)) from None
+    process, grpc_port, rest_port = server.process, server.port, server.rest_port
     print("soak: server pid %d, gRPC %d, REST %d, %.0f minutes; log in %s"
-          % (process.pid, grpc_port, rest_port, args.minutes, server_log.name), flush=True)
+          % (process.pid, grpc_port, rest_port, args.minutes, server_log), flush=True)
 
     tally, stop = Tally(), threading.Event()
     channel = grpc.insecure_channel("127.0.0.1:%d" % grpc_port, options=[
@@ -522,18 +514,12 @@ def main(args):
         pool.shutdown()
         channel.close()
         died = process.poll()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        server_log.close()
+        server.stop(grace_seconds=120)  # SIGTERM: the loggers close; SIGKILL after 120 s
     shipper.ship()  # what the final SIGTERM published
     leftovers = sorted(os.path.relpath(p, log_dir) for p in glob.glob(
         os.path.join(log_dir, "**", ".*"), recursive=True))
     written = not_written = 0
-    with open(server_log.name) as handle:
+    with open(server_log) as handle:
         for line in handle:
             match = _CLOSED.search(line)
             if match:

@@ -27,7 +27,6 @@ steps go through tf.io.gfile, so they work on local and gs:// paths alike.
 """
 import collections
 import contextlib
-import csv
 import glob
 import json
 import logging
@@ -37,6 +36,7 @@ import random
 import re
 import unicodedata
 
+from slimserve import image_listing
 from slimserve.estimator import image_files
 from slimserve.estimator import run_lock
 from slimserve.estimator import schema
@@ -74,39 +74,24 @@ def check_class_name(name, origin):
 
 def scan_folder(root):
     """Lists (items, skipped, empty) of a folder whose sub-folders are the class names;
-    `empty` maps each class folder without any file to a reason."""
+    `empty` maps each class folder without any file to a reason. The listing rules
+    (hidden files, folder links, files outside a class folder) are
+    slimserve/image_listing.py's, shared with the other tools."""
     if not os.path.isdir(root):
         raise DatasetError("input folder does not exist: %s" % root)
-    items, skipped, empty = [], [], {}
-    for entry in sorted(os.listdir(root)):
-        full = os.path.join(root, entry)
-        if not os.path.isdir(full):
-            skipped.append({"path": full, "reason": "not inside a class folder"})
-            continue
-        if entry.startswith("."):
-            skipped.append({"path": full, "reason": "hidden folder"})
-            continue
-        check_class_name(entry, "folder %r" % full)
-        found = 0
-        for dirpath, dirnames, filenames in os.walk(full):
-            for name in sorted(dirnames):
-                if os.path.islink(os.path.join(dirpath, name)):
-                    skipped.append({"path": os.path.join(dirpath, name),
-                                    "reason": "symlink to a folder (not followed)"})
-            dirnames[:] = sorted(d for d in dirnames
-                                 if not os.path.islink(os.path.join(dirpath, d)))
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                if name.startswith("."):
-                    skipped.append({"path": path, "reason": "hidden file"})
-                else:
-                    items.append(Item(path, entry))
-                    found += 1
-        if not found:
-            empty[entry] = "class folder %s holds no image files" % full
+    try:
+        listing = image_listing.list_folder(root, labels="required")
+    except image_listing.ListingError as error:
+        raise DatasetError(str(error)) from None
+    for name, folder in listing.classes.items():
+        check_class_name(name, "folder %r" % folder)
+    items = [Item(entry.path, entry.label) for entry in listing.entries]
+    found = collections.Counter(item.label for item in items)
+    empty = {name: "class folder %s holds no image files" % folder
+             for name, folder in listing.classes.items() if not found[name]}
     if not items:
         raise DatasetError("no files found in class sub-folders of %s" % root)
-    return items, skipped, empty
+    return items, listing.skipped, empty
 
 
 def read_csv(path):
@@ -125,42 +110,19 @@ def read_csv(path):
 def csv_items(handle, path, resolve):
     """(items, [], {}) from the rows of an open text `handle` of the CSV/TSV at `path`
     (read_csv's parsing, shared with readers of remote CSVs); `resolve` turns a row's
-    file path into the path to read."""
-    delimiter = "\t" if path.endswith(".tsv") else ","
+    file path into the path to read. Rows are parsed by slimserve/image_listing.py
+    (bounded lines, one set of CSV rules for every tool); class names are checked here."""
+    try:
+        rows = image_listing.csv_entries(handle, path, resolve, labels="required")
+    except image_listing.ListingError as error:
+        raise DatasetError(str(error)) from None
     items = []
-    for row_index, (number, row) in enumerate(_csv_rows(handle, delimiter, path)):
-        if not row or not "".join(row).strip():
-            continue
-        if len(row) != 2:
-            raise DatasetError("%s:%d: expected 2 columns (path,label), got %d"
-                               % (path, number, len(row)))
-        file_path, label = row[0].strip(), row[1].strip()
-        if row_index == 0 and (file_path.lower(), label.lower()) == ("path", "label"):
-            continue
-        if not label:
-            raise DatasetError("%s:%d: empty label" % (path, number))
-        check_class_name(label, "%s:%d" % (path, number))
-        items.append(Item(resolve(file_path), label))
+    for number, entry in rows:
+        check_class_name(entry.label, "%s:%d" % (path, number))
+        items.append(Item(entry.path, entry.label))
     if not items:
         raise DatasetError("no rows in %s" % path)
     return items, [], {}
-
-
-def _csv_rows(handle, delimiter, path):
-    """Yields (first line number, row); a quoted field may span lines."""
-    reader = csv.reader(handle, delimiter=delimiter)
-    while True:
-        line = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except UnicodeDecodeError as error:
-            raise DatasetError("%s is not UTF-8 text (%s); save it as UTF-8"
-                               % (path, error.reason)) from None
-        except csv.Error as error:
-            raise DatasetError("%s:%d: not valid CSV: %s" % (path, line, error)) from None
-        yield line, row
 
 
 def read_input(path):

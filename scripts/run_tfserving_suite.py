@@ -14,7 +14,9 @@ repository):
     tensorflow_serving/servables/tensorflow/testdata/
 
 puts a two-line wrapper where the suite expects the `tensorflow_model_server` binary (it
-execs slimserve-server with the same arguments, under an address-space cap), makes
+execs slimserve-server with the same arguments through serving/tools/server_process.py's
+launcher, as every server child runs: under an address-space cap, killed if the suite
+dies), makes
 `tensorflow_serving.model_servers.test_util` importable beside the installed
 tensorflow-serving-api package (its `tensorflow_serving.__path__` gains the extracted
 folder; no test file is touched), runs the test file with this Python, and prints the
@@ -96,10 +98,14 @@ def extract(source, tag, dest):
 
 
 def write_wrapper(path, server, address_space):
-    """The stand-in for TF Serving's binary: exec slimserve-server with the arguments."""
-    prefix = "prlimit --as=%d " % address_space if address_space else ""
+    """The stand-in for TF Serving's binary: exec slimserve-server with the arguments,
+    through the one server launcher (serving/tools/server_process.py): RLIMIT_AS of
+    `address_space` bytes (0: none), killed when the test process that started it dies."""
+    from slimserve.serving.tools import server_process  # pylint: disable=import-outside-toplevel
+    argv = server_process.launcher_argv([server], address_space, parent_pid="PARENT")
+    words = ['"$PPID"' if word == "PARENT" else shlex.quote(word) for word in argv]
     with open(path, "w") as wrapper:
-        wrapper.write("#!/bin/sh\nexec %s%s \"$@\"\n" % (prefix, shlex.quote(server)))
+        wrapper.write("#!/bin/sh\nexec %s \"$@\"\n" % " ".join(words))
     os.chmod(path, 0o755)
 
 

@@ -98,7 +98,8 @@ def option(default, help_text, bound=None, *, choices=None, required=False, flag
     command refuses to run without it; flag: the flag's name when it differs from the
     field's; kind: bool/int/float/str/list when the default does not say it (None or a
     tuple of numbers). Further keywords land in the field's metadata (e.g.
-    slimserve_only=True) for the config's own use."""
+    slimserve_only=True, or repeat=True: a list flag given once per value,
+    `--name=a --name=b`, instead of comma-separated) for the config's own use."""
     if kind is None:
         kind = type(default) if default is not None and not isinstance(default, tuple) \
             else (list if isinstance(default, tuple) else str)
@@ -200,7 +201,10 @@ def define_flags(cls, flag_values=None, module_name=None):
         name, kind, default = flag_name(field), field.metadata["kind"], field.default
         text = help_text(field)
         choices = field.metadata.get("choices")
-        if kind is list:
+        if kind is list and field.metadata.get("repeat"):
+            flags.DEFINE_multi_string(name, list(default) if default is not None else None,
+                                      text, flag_values=flag_values)
+        elif kind is list:
             flags.DEFINE_list(name, list(default) if default is not None else None, text,
                               flag_values=flag_values, module_name=module_name)
         elif choices:
@@ -287,6 +291,8 @@ def flag_lines(config):
         name = flag_name(field)
         if field.metadata["kind"] is bool:
             lines.append("--%s%s" % ("" if value else "no", name))
+        elif field.metadata["kind"] is list and field.metadata.get("repeat"):
+            lines += ["--%s=%s" % (name, v) for v in value]
         elif field.metadata["kind"] is list:
             lines.append("--%s=%s" % (name, ",".join(str(v) for v in value)))
         else:

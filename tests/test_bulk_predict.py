@@ -18,10 +18,13 @@ from PIL import Image
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve.serving.tools import beam_inference
+from slimserve.serving.tools import bulk_inputs
 from slimserve.serving.tools import bulk_predict
+from slimserve.serving.tools import bulk_report
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.cli import beam as beam_cli
+from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import ROOT
 
@@ -138,7 +141,7 @@ def test_corrupt_images_give_error_rows_not_failed_batches(
     for path, row in csv_rows.items():
         assert row == rows[os.path.normpath(path)] | {"path": path}
     png = str(tmp_path / "confusion.png")
-    bulk_predict.write_summary(summary, str(tmp_path / "summary.json"), png)
+    bulk_report.write_summary(summary, str(tmp_path / "summary.json"), png)
     with open(png, "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -166,7 +169,7 @@ def test_model_version_and_missing_input_are_named(export_dir, tmp_path):
     with pytest.raises(bulk_predict.BulkPredictError, match="--model_version 999 not found"):
         bulk_predict.model_path(base, 999)
     with pytest.raises(bulk_predict.BulkPredictError, match="matches no file"):
-        bulk_predict.list_inputs(str(tmp_path / "nothing-*.png"))
+        bulk_inputs.list_inputs(str(tmp_path / "nothing-*.png"))
 
 
 def _predict_cli(*args, timeout=600, prefix=(), env=None):
@@ -232,9 +235,9 @@ def test_pipes_and_folders_are_error_rows_and_the_bar_counts_predictions(
 def test_an_output_that_is_a_folder_fails_before_any_inference(export_dir, digits_dir,
                                                                tmp_path):
     """Today every image was scored, then the run died with a traceback at the rename."""
-    out = _predict_cli("--model_base_path", os.path.dirname(export_dir), "--input",
-                       digits_dir, "--output", tmp_path, timeout=300)
-    assert out.returncode == 1 and "Traceback" not in out.stderr
+    out = run_command("slimserve.cli.predict", "--model_base_path",
+                      os.path.dirname(export_dir), "--input", digits_dir, "--output", tmp_path)
+    assert out.code == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == (
         "slimserve-predict: --output %s is a directory; give the path of a file to write"
         % tmp_path)

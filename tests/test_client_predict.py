@@ -13,6 +13,7 @@ from PIL import Image
 
 from slimserve.serving.config import model_config
 from slimserve.serving.tools import client as client_lib
+from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import run_cli
 
@@ -128,12 +129,12 @@ def test_one_bad_file_costs_one_error_line_and_names_are_printed(server, files):
     errors = out.stderr.strip().splitlines()
     reasons = {line.split(": error: ")[0]: line.split(": error: ")[1] for line in errors
                if ": error: " in line}
-    assert reasons == {
-        files[1]: "is not a JPEG, PNG, GIF or BMP image (the formats the model decodes)",
+    assert reasons == {  # in the words every tool uses (slimserve/image_listing.py)
+        files[1]: "not a JPEG, PNG, GIF or BMP image (the formats the model decodes)",
         files[2]: reasons[files[2]],
-        files[4]: "cannot read it: No such file or directory",
-        files[5]: "is a directory, not an image file",
-        files[6]: "is empty"}
+        files[4]: "unreadable: No such file or directory",
+        files[5]: "not a regular file: a directory",
+        files[6]: "empty file"}
     assert reasons[files[2]].startswith("the server refused it: INVALID_ARGUMENT: ")
     assert errors[-1] == "slimserve-client: 5 of 8 files got no answer (see the error lines " \
         "above)"
@@ -153,15 +154,16 @@ def test_json_rows_and_the_signature_flag(server, files):
     assert [(r["class_id"], r["class"]) for r in reversed_] == [(2, "red"), (1, "green")]
     # Its classes are in another order than classify's: only the name it answered is shown.
     assert [e["name"] for e in reversed_[0]["top_k"]] == ["red", None, None]
-    refused = run_cli("slimserve.cli.client", "predict", target, "--model_name=colours",
-                      "--signature_name=pixels", files[0], check=False)
-    assert refused.returncode == 1 and refused.stdout == ""
+    # error paths that stop before any image is sent: run in this process
+    refused = run_command("slimserve.cli.client", "predict", target, "--model_name=colours",
+                          "--signature_name=pixels", files[0])
+    assert refused.code == 1 and refused.stdout == ""
     assert refused.stderr.strip().splitlines()[-1] == (
         "slimserve-client: --signature_name pixels of model colours takes pixels (DT_FLOAT); "
         "encoded image files need a signature with one string input (e.g. "
         "--signature_name=serving_default)")
-    missing = run_cli("slimserve.cli.client", "predict", target, "--model_name=colours",
-                      "--signature_name=nope", files[0], check=False)
+    missing = run_command("slimserve.cli.client", "predict", target, "--model_name=colours",
+                          "--signature_name=nope", files[0])
     assert missing.stderr.strip().splitlines()[-1] == (
         "slimserve-client: --signature_name nope: model colours has no such signature (it has "
         "bgr, classify, pixels, serving_default)")

@@ -223,3 +223,35 @@ def test_compatibility_page_names_every_slimserve_only_flag():
     with open(os.path.join(ROOT, "docs", "tfserving-compatibility.md")) as handle:
         page = handle.read()
     assert not [name for name in own if "`--%s`" % name not in page]
+
+
+# An absolute path of a machine: a home or a checkout (/root, /home, /Users, /work) or a
+# scratch tree under /tmp. Allowed: the container's working folder of the Dockerfile and
+# the Kubernetes manifests (/work, with data, run and pretrained in it) and a few
+# documented examples of a /tmp path (TF Serving's suite binds /tmp/tf-serving.sock
+# itself); a new example goes in the list below on purpose, a machine's path never does.
+_MACHINE_PATH = re.compile(
+    r"(?<![\w./<-])/(?:root|home|Users|work|tmp)(?![\w.-])(?:/[^\s`'\"()<>|,;]*)?")
+_ALLOWED_PATHS = re.compile(
+    r"^/work/?$|^/work/(?:data|run|pretrained)(?:/|$)|^/tmp/(?:tf-serving\.sock|"
+    r"slimserve\.sock|tiny|prof|x|sss\.\.\.s:?|hotpath-base|at-COMMIT|base)$")
+
+
+def test_no_path_of_a_developers_machine():
+    """Docs, code and tests name placeholders (`<tensorflow/serving clone>`), relative
+    paths or a test's tmp_path, never where a file happened to be on someone's machine
+    (`/work/.mirror/...` and `/tmp/nt/...` were)."""
+    found = []
+    for path in sorted(repository_files(["."])):
+        if path == "tests/test_docs.py" or not os.path.isfile(os.path.join(ROOT, path)):
+            continue
+        try:
+            with open(os.path.join(ROOT, path), encoding="utf-8") as handle:
+                text = handle.read()
+        except UnicodeDecodeError:
+            continue  # a binary file
+        for number, line in enumerate(text.splitlines(), 1):
+            for match in _MACHINE_PATH.finditer(line):
+                if not _ALLOWED_PATHS.match(match.group(0).rstrip(".:")):
+                    found.append("%s:%d: %s" % (path, number, match.group(0)))
+    assert not found, "paths of a machine in the repository:\n" + "\n".join(found)

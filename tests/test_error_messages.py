@@ -6,8 +6,6 @@ import logging
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -19,6 +17,7 @@ from slimserve.serving import server as server_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.core import version_dirs
 from slimserve.serving.tools import client as client_lib
+from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import ROOT, run_cli, start_server_process
 from slimserve.testing.tiny_models import write_tiny_model
@@ -131,9 +130,8 @@ def test_server_started_on_a_version_folder_says_so(bases):
         ["--model_name=flowers", "--model_base_path=%s" % (bases / "flowers" / "3"),
          "--rest_api_port=0", "--file_system_poll_wait_seconds=1"])
     try:
-        out = subprocess.run([sys.executable, "-m", "slimserve.cli.client", "status",
-                              "--server=127.0.0.1:%d" % port, "--model_name=flowers"],
-                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+        out = run_command("slimserve.cli.client", "status", "--server=127.0.0.1:%d" % port,
+                          "--model_name=flowers")
     finally:
         process.terminate()
         _, err = process.communicate(timeout=60)
@@ -141,7 +139,7 @@ def test_server_started_on_a_version_folder_says_so(bases):
         "not a base path; give its parent %s as the base path" % (
             bases / "flowers" / "3", bases / "flowers") in err
     assert "its base path is polled every 1 s" in err
-    assert out.returncode == 1
+    assert out.code == 1
     assert out.stderr.strip().splitlines() == [
         "slimserve-client: NOT_FOUND: Could not find any versions of model flowers: base "
         "path .../3 holds saved_model.pb itself: it is one version, not a base path; give "

@@ -26,7 +26,7 @@ CORE = ("Deployment", "Service", "HorizontalPodAutoscaler", "ConfigMap", "Job",
 
 # tensorflow_model_server's flags, from TF Serving 2.15.1's
 # tensorflow_serving/model_servers/main.cc (every tensorflow::Flag("...") there):
-#   git -C /work/.mirror/tensorflow+serving/repo show \
+#   git -C <tensorflow/serving clone> show \
 #     2.15.1:tensorflow_serving/model_servers/main.cc
 TF_SERVING_FLAGS = frozenset("""
 port grpc_socket_path rest_api_port rest_api_num_threads rest_api_timeout_in_ms

@@ -11,6 +11,7 @@ import tensorflow as tf
 from PIL import Image
 
 from slimserve.export import warmup
+from slimserve.testing.commands import run_command
 from tests.helpers import run_cli, start_server_process
 
 
@@ -54,9 +55,8 @@ def test_loadtest_sends_to_the_input_the_signature_names(tmp_path):
         levels = [json.loads(line) for line in out.stdout.splitlines()]
         assert [(l["concurrency"], l["requests"], l["errors"]) for l in levels] == [
             (1, 6, {}), (2, 6, {})]
-        wrong = run_cli("slimserve.cli.loadtest", *common, "--signature_name", "nope",
-                        check=False)
-        assert wrong.returncode == 1 and wrong.stderr.strip().splitlines()[-1] == (
+        wrong = run_command("slimserve.cli.loadtest", *common, "--signature_name", "nope")
+        assert wrong.code == 1 and wrong.stderr.strip().splitlines()[-1] == (
             "slimserve-loadtest: --signature_name nope: model strings has no such signature "
             "(it has serving_default)")
     finally:

@@ -21,6 +21,7 @@ from slimserve.serving.observability import request_log
 from slimserve.serving.tools import batching_tuner
 from slimserve.serving.tools import tuner as tuner_lib
 from slimserve.serving.tools import tuner_inputs
+from slimserve.testing.commands import run_command
 from slimserve.testing.servers import wait_until
 from tests.helpers import ROOT, run_cli
 
@@ -212,10 +213,9 @@ def test_interrupted_tuner_stops_its_servers(export_dir, digits_data, digits_dir
 
 def test_signature_name_is_checked_and_used_before_any_server_starts(export_dir, digits_data):
     base = os.path.dirname(export_dir)
-    missing = run_cli("slimserve.cli.tune", "--model_base_path", base, "--data_dir",
-                      digits_data, "--latency_budget_ms", 100, "--signature_name", "nope",
-                      check=False)
-    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    missing = run_command("slimserve.cli.tune", "--model_base_path", base, "--data_dir",
+                          digits_data, "--latency_budget_ms", 100, "--signature_name", "nope")
+    assert missing.code == 1 and "Traceback" not in missing.stderr
     assert ("--signature_name=nope: the model at %s has signatures classify, predict_images, "
             "serving_default" % base) in missing.stderr
     # Each signature's own input key and form: images, examples, or refused by name.

@@ -10,7 +10,9 @@ accuracy guard, presented in this module's table.
 """
 import dataclasses
 import itertools
-import os
+
+from slimserve import errors
+from slimserve.serving.tools import outputs
 
 
 FIELDS = ("max_batch_size", "batch_timeout_micros", "num_batch_threads",
@@ -43,8 +45,8 @@ def documented_cpu_start(cores):
 def grid(max_batch_sizes, batch_timeouts, batch_threads, enqueued):
     for values in itertools.product(max_batch_sizes, batch_timeouts, batch_threads, enqueued):
         if min(values[0], values[2], values[3]) < 1 or values[1] < 0:
-            raise ValueError("batching grid: sizes, threads and queue must be >= 1 and the "
-                             "timeout >= 0, got %s" % (values,))
+            raise errors.UserError("batching grid: sizes, threads and queue must be >= 1 and "
+                                   "the timeout >= 0, got %s" % (values,))
         yield Setting(*values)
 
 
@@ -61,9 +63,11 @@ def table(rows):
 
 
 def write_config(path, best, rows, latency_budget_ms, concurrency, reference=None,
-                 tool="slimserve-tune-batching", measured=None, notes=()):
+                 tool="slimserve-tune-batching", measured=None, notes=(),
+                 flag="--output_config"):
     """The chosen setting in TF Serving's format, with how it was chosen as comments
-    (`measured`: the table text, default this module's; `notes`: more comment lines)."""
+    (`measured`: the table text, default this module's; `notes`: more comment lines);
+    whole or absent (serving/tools/outputs.py: a full disk names `flag` and the path)."""
     setting = Setting(**{name: best[name] for name in FIELDS})
     comments = ["Written by %s: highest throughput with p99 <= %g ms at concurrency %d."
                 % (tool, latency_budget_ms, concurrency)] + list(notes)
@@ -73,8 +77,6 @@ def write_config(path, best, rows, latency_budget_ms, concurrency, reference=Non
                         % (reference["images_per_s"], reference["p99_ms"],
                            best["images_per_s"], best["p99_ms"]))
     comments += ["", "Measured:"] + (measured or table(rows)).splitlines()
-    temp = path + ".tmp"
-    with open(temp, "w") as handle:
+    with outputs.write_atomically(path, flag) as handle:
         handle.write("".join("# %s\n" % line if line else "#\n" for line in comments))
         handle.write(setting.to_text())
-    os.replace(temp, path)

@@ -1,5 +1,6 @@
-"""Bulk inference on Apache Beam: the same ImageClassifier as bulk_predict.py, behind
-Beam's RunInference (BatchElements batches, one model per worker process).
+"""Bulk inference on Apache Beam: the same ImageClassifier as the local run
+(serving/tools/image_classifier.py), behind Beam's RunInference (BatchElements batches,
+one model per worker process).
 
     refs -> Reshuffle -> read (files, or every record of a TFRecord shard)
          -> RunInference(SavedModelImageHandler) -> JSON lines [+ PredictionLog TFRecords]
@@ -8,7 +9,11 @@ The launcher then reads the JSON lines back for the summary, as the local path d
 """
 import json
 
+from slimserve.serving.tools import bulk_inputs
 from slimserve.serving.tools import bulk_predict
+from slimserve.serving.tools import bulk_report
+from slimserve.serving.tools import image_classifier
+
 
 def make_model_handler(path, version, signature_name="serving_default", top_k=5,
                        prediction_log=False, min_batch_size=1, max_batch_size=32):
@@ -19,8 +24,9 @@ def make_model_handler(path, version, signature_name="serving_default", top_k=5,
         """Loads the SavedModel once per worker process (RunInference shares it)."""
 
         def load_model(self):
-            return bulk_predict.ImageClassifier(path, version, signature_name=signature_name,
-                                                top_k=top_k, prediction_log=prediction_log)
+            return image_classifier.ImageClassifier(
+                path, version, signature_name=signature_name, top_k=top_k,
+                prediction_log=prediction_log)
 
         def run_inference(self, batch, model, inference_args=None):
             del inference_args
@@ -44,7 +50,7 @@ def _json_line(row):
 def predict_beam(model_base_path, input_spec, output, options,
                  model_version=None, batch_size=32, top_k=5, prediction_log=None,
                  signature_name="serving_default",
-                 max_file_bytes=bulk_predict.DEFAULT_MAX_FILE_BYTES):
+                 max_file_bytes=bulk_inputs.DEFAULT_MAX_FILE_BYTES):
     """Scores every input on Beam with these PipelineOptions (slimserve/cli/beam.py makes
     them from the flags); returns the summary of the written JSON lines. Files are read
     as bulk_predict reads them (regular files of at most `max_file_bytes`, else an error
@@ -53,7 +59,7 @@ def predict_beam(model_base_path, input_spec, output, options,
     from apache_beam.ml.inference.base import RunInference  # pylint: disable=g-import-not-at-top
     bulk_predict.check_settings(output, prediction_log, batch_size,
                                 max_file_bytes=max_file_bytes)
-    refs = bulk_predict.list_inputs(input_spec)
+    refs = bulk_inputs.list_inputs(input_spec)
     version, path = bulk_predict.model_path(model_base_path, model_version)
     handler = make_model_handler(path, version, signature_name, top_k, bool(prediction_log),
                                  max_batch_size=batch_size)
@@ -61,7 +67,7 @@ def predict_beam(model_base_path, input_spec, output, options,
         rows = (pipeline
                 | "Inputs" >> beam.Create(refs)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.FlatMap(bulk_predict.read, max_file_bytes)
+                | "Read" >> beam.FlatMap(bulk_inputs.read, max_file_bytes)
                 | "Predict" >> RunInference(handler))
         _ = (rows
              | "ToJson" >> beam.Map(_json_line)
@@ -72,4 +78,4 @@ def predict_beam(model_base_path, input_spec, output, options,
                                           if "_prediction_log" in row else [])
                  | "WriteLogs" >> beam.io.WriteToTFRecord(prediction_log,
                                                           shard_name_template=""))
-    return bulk_predict.summarize_file(output)
+    return bulk_report.summarize_file(output)

@@ -17,8 +17,6 @@ fault is alone, so one bad file costs one error line, never its neighbours' answ
 """
 import collections
 import concurrent.futures
-import os
-import stat
 import threading
 import time
 
@@ -34,6 +32,8 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve import conventions
+from slimserve import errors
+from slimserve import image_listing
 from slimserve.serving.core import tensors
 from slimserve.serving.tools import channel as channel_lib
 
@@ -57,7 +57,7 @@ class Client:
                  version_label=None, timeout=30.0, max_message_bytes=DEFAULT_MESSAGE_BYTES,
                  retries=3, backoff_seconds=0.2, image_key=conventions.ENCODED):
         if version is not None and version_label:
-            raise ValueError("give a version or a version label, not both")
+            raise errors.UserError("give a version or a version label, not both")
         self.channel = channel_lib.open_channel(target, max_message_bytes)
         self.max_message_bytes = max_message_bytes
         self._predict = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
@@ -145,17 +145,17 @@ class Client:
 
     def image_input_key(self, signature_name=conventions.DEFAULT_SIGNATURE):
         """(input key, SignatureDef) of a served signature that takes encoded images: one
-        string input, its name read from GetModelMetadata; ValueError saying what the model
+        string input, its name read from GetModelMetadata; UserError saying what the model
         has otherwise."""
         signatures = self.metadata()
         if signature_name not in signatures:
-            raise ValueError("--signature_name %s: model %s has no such signature (it has %s)"
+            raise errors.UserError("--signature_name %s: model %s has no such signature (it has %s)"
                              % (signature_name, self.model_name, ", ".join(sorted(signatures))))
         signature = signatures[signature_name]
         inputs = {key: types_pb2.DataType.Name(info.dtype)
                   for key, info in signature.inputs.items()}
         if len(inputs) != 1 or list(inputs.values()) != ["DT_STRING"]:
-            raise ValueError(
+            raise errors.UserError(
                 "--signature_name %s of model %s takes %s; encoded image files need a "
                 "signature with one string input (e.g. --signature_name=%s)" % (
                     signature_name, self.model_name,
@@ -165,10 +165,10 @@ class Client:
 
     def image_signature(self, signature_name=conventions.DEFAULT_SIGNATURE):
         """The input key of a signature that takes encoded images and answers
-        `probabilities` (what predict prints); ValueError otherwise."""
+        `probabilities` (what predict prints); UserError otherwise."""
         key, signature = self.image_input_key(signature_name)
         if conventions.PROBABILITIES not in signature.outputs:
-            raise ValueError("signature %s has no %r output (it has %s)" % (
+            raise errors.UserError("signature %s has no %r output (it has %s)" % (
                 signature_name, conventions.PROBABILITIES, ", ".join(sorted(signature.outputs))))
         return key
 
@@ -192,7 +192,7 @@ class Client:
         """Yields one FileResult per path, in order, as answers arrive: `batch_size`
         images per request, `concurrency` requests in flight, at most 2 x `concurrency`
         batches read ahead. A file that cannot be sent, or that the server refuses, gets
-        an error; the others in its batch are answered. Raises ValueError for a signature
+        an error; the others in its batch are answered. Raises UserError for a signature
         that does not take images, grpc.RpcError when the server fails the run (no such
         model, no server, a deadline)."""
         input_key = self.image_signature(signature_name)
@@ -261,28 +261,11 @@ class Client:
 
 
 def read_image(path, max_bytes):
-    """(bytes, None), or (None, why) for a file that cannot be sent: not a regular file,
-    unreadable, empty, over `max_bytes`, or not a JPEG, PNG, GIF or BMP (what every
-    serving signature decodes), judged by its first bytes. Never opens a named pipe."""
+    """(bytes, None), or (None, why) for a file that cannot be sent: read as every tool
+    reads an image it was given (slimserve/image_listing.py): a regular file (never opens
+    a named pipe or a device) of at most `max_bytes` (--max_message_bytes), not empty, a
+    JPEG, PNG, GIF or BMP (what every serving signature decodes) by its first bytes."""
     try:
-        info = os.stat(path)
-    except OSError as error:
-        return None, "cannot read it: %s" % (error.strerror or error)
-    if stat.S_ISDIR(info.st_mode):
-        return None, "is a directory, not an image file"
-    if not stat.S_ISREG(info.st_mode):
-        return None, "is not a regular file (a pipe, socket or device), not an image file"
-    if info.st_size > max_bytes:
-        return None, "%d bytes, more than --max_message_bytes (%d)" % (info.st_size, max_bytes)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as error:
-        return None, "cannot read it: %s" % (error.strerror or error)
-    if len(data) > max_bytes:
-        return None, "more than --max_message_bytes (%d) bytes" % max_bytes
-    if not data:
-        return None, "is empty"
-    if conventions.image_format(data) is None:
-        return None, "is not a JPEG, PNG, GIF or BMP image (the formats the model decodes)"
-    return data, None
+        return image_listing.read_image(path, max_bytes, "--max_message_bytes"), None
+    except image_listing.NotReadable as reason:
+        return None, str(reason)

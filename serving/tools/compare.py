@@ -18,16 +18,30 @@ import numpy as np
 import tensorflow as tf
 
 from slimserve import conventions
+from slimserve.errors import UserError
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
 from slimserve.serving.core import tensors
-from slimserve.serving.tools import bulk_predict
+from slimserve.serving.observability import request_log
+from slimserve.serving.tools import image_classifier
 
 # Output keys read for the class decision and for the probabilities, in order of
 # preference: slimserve's predict signatures, then TF Serving's classify convention.
 CLASS_KEYS = (conventions.CLASSES,)
 SCORE_KEYS = (conventions.PROBABILITIES, conventions.SCORES)
+
+
+def read_requests(pattern, limit):
+    """The first `limit` logged requests of the request-log files `pattern` (--logs)
+    matches. The log reader refuses a pattern that matches nothing, or a folder, with a
+    ValueError naming it: a UserError here, so the command prints it as one line."""
+    try:
+        return request_log.read_logs(pattern, limit)
+    except UserError:
+        raise
+    except ValueError as error:  # request_log's two refusals of --logs, documented there
+        raise UserError(str(error)) from None
 
 
 def resolve_model_dir(path):
@@ -36,8 +50,8 @@ def resolve_model_dir(path):
         return path
     versions = version_dirs.list_version_dirs(path)
     if not versions:
-        raise ValueError("%s is neither a SavedModel directory nor a base path with an "
-                         "integer version holding saved_model.pb" % path)
+        raise UserError("%s is neither a SavedModel directory nor a base path with an "
+                        "integer version holding saved_model.pb" % path)
     return versions[max(versions)]
 
 
@@ -51,7 +65,7 @@ def _feeds(log, signature_def):
         request = getattr(log, kind).request
         examples = [e.SerializeToString() for e in request.input.example_list.examples]
         return {next(iter(signature_def.inputs)): np.array(examples, dtype=object)}
-    raise ValueError("request log type %s cannot be replayed" % kind)
+    raise UserError("request log type %s cannot be replayed" % kind)
 
 
 def _signature_name(log):
@@ -75,8 +89,8 @@ def decision(outputs, names=()):
         first = classes.reshape(len(classes), -1)[:, 0]
         return [_name(int(c), names) if np.issubdtype(first.dtype, np.integer) else _text(c)
                 for c in first], None
-    raise ValueError("outputs %s have neither class ids nor scores to compare"
-                     % sorted(outputs))
+    raise UserError("outputs %s have neither class ids nor scores to compare"
+                    % sorted(outputs))
 
 
 def _text(value):
@@ -116,7 +130,7 @@ def compare(logs, baseline_dir, candidate_dir, session_config=None, progress=Non
         for role, directory in (("baseline", baseline_dir), ("candidate", candidate_dir)):
             path = resolve_model_dir(directory)
             models[role] = (servable_lib.Servable(role, 0, path, session_config),
-                            bulk_predict.read_model_labels(path))
+                            image_classifier.read_model_labels(path))
         return _replay(logs, models, progress)
     finally:
         for servable, _ in models.values():
@@ -172,9 +186,9 @@ def _replay(logs, models, progress):
                 base_scores.shape == cand_scores.shape):
             max_dp.extend(np.max(np.abs(base_scores - cand_scores), axis=1).tolist())
     if not total:
-        raise ValueError("none of the %d logged requests was answered by the baseline "
-                         "(%d refused by both; baseline refusals: %s)" % (
-                             replayed, both_refused, dict(refusals["baseline"])))
+        raise UserError("none of the %d logged requests was answered by the baseline "
+                        "(%d refused by both; baseline refusals: %s)" % (
+                            replayed, both_refused, dict(refusals["baseline"])))
     report = {
         "requests": replayed,
         "skipped_requests": both_refused + baseline_only_refused,

@@ -59,6 +59,17 @@ _LIVE_LOCK = threading.RLock()  # re-entrant: a signal handler runs in the main 
 STOPPING = threading.Event()
 
 
+def launcher_argv(command, memory_cap=None, parent_pid=None):
+    """The argv that runs `command` (a list: program and arguments) the way every server
+    child runs: under an RLIMIT_AS of `memory_cap` bytes (None or 0: none) and killed when
+    `parent_pid` (default: this process) dies. For a program that starts servers itself
+    (TF Serving's own test suite, scripts/run_tfserving_suite.py) a wrapper script
+    execs this with its parent's pid."""
+    return [sys.executable, "-c", _LAUNCHER, str(os.getpid() if parent_pid is None
+                                                 else parent_pid),
+            str(int(memory_cap or 0))] + list(command)
+
+
 class ServerNotStarted(RuntimeError):
     """The child exited or printed no ready line in time: the message names the line of
     its stderr that says why; `last_words` holds the tail of that stderr."""
@@ -135,8 +146,8 @@ class ServerProcess:
         self._stderr_kept = ""  # stderr_text() once stop() removed a temporary log
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _LAUNCHER, str(os.getpid()), str(int(memory_cap or 0))]
-                + argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
+                launcher_argv(argv, memory_cap), stdout=subprocess.PIPE, stderr=self._log,
+                stdin=subprocess.DEVNULL,
                 text=True, start_new_session=True, env=env, cwd=cwd)  # ^C reaches the parent only
         except OSError:
             self._log.close()

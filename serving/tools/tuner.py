@@ -26,14 +26,16 @@ import grpc
 import numpy as np
 
 from slimserve import conventions
+from slimserve import errors
 from slimserve.serving import options as options_lib
 from slimserve.serving.observability import metrics
 from slimserve.serving.tools import batching_tuner
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.tools import compare
 from slimserve.serving.tools import loadtest
-from slimserve.serving.tools import tuner_inputs
+from slimserve.serving.tools import outputs
 from slimserve.serving.tools import server_process
+from slimserve.serving.tools import tuner_inputs
 
 # Tuner name -> the server's --mixed_precision value (TF Serving's; '' is fp32).
 PRECISIONS = {"fp32": "", "bf16": "bfloat16"}
@@ -78,6 +80,11 @@ def setting_of(row):
     batching = (batching_tuner.Setting(**{k: row[k] for k in batching_tuner.FIELDS})
                 if row["batching"] else None)
     return Setting(row["precision"], row["xla"], batching, tuple(row["extra_flags"]))
+
+
+class TuningFailed(errors.UserError):
+    """The tuning cannot go on: the baseline (the model as exported) failed to serve or
+    to answer; the message says why, from the server's own last words."""
 
 
 class Stopping(RuntimeError):
@@ -165,7 +172,7 @@ class Tuner:
 
     def prepare(self):
         """Reads the signature from the model and the inputs for it, before any server
-        starts (so a wrong flag or a bad file fails in seconds); ValueError names the flag."""
+        starts (so a wrong flag or a bad file fails in seconds); UserError names the flag."""
         kind, self.input_key = tuner_inputs.kind_for(self.model_base_path, self.signature_name)
         self.load_inputs, self.compare_inputs, self.compare_source = self.sources.read(
             self.signature_name, kind, self.input_key)
@@ -190,7 +197,7 @@ class Tuner:
             answers, result, batched = self._serve_and_load(setting)
         except (RuntimeError, OSError) as error:  # URLError is an OSError
             if setting == BASELINE:
-                raise RuntimeError("the baseline (%s) failed: %s" % (setting.label(), error)) \
+                raise TuningFailed("the baseline (%s) failed: %s" % (setting.label(), error)) \
                     from None
             row.update({"requests": 0, "errors": 1, "images_per_s": 0.0,
                         "p50_ms": float("nan"), "p99_ms": float("nan"), "mean_batch": 0.0,
@@ -206,7 +213,7 @@ class Tuner:
         if answers is not None:
             if self.baseline_answers is None:
                 if not any(answers):
-                    raise RuntimeError("the baseline answered none of the %d comparison "
+                    raise TuningFailed("the baseline answered none of the %d comparison "
                                        "inputs: %s" % (len(answers), answers.failure))
                 self.baseline_answers = list(answers)
                 row["baseline"] = True
@@ -383,14 +390,12 @@ def tfserving_flags(flags):
     return [f for f in flags if f.lstrip("-").split("=", 1)[0] not in own]
 
 
-def write_flagfile(path, flags, comments=()):
-    """An absl flagfile (`slimserve-server --flagfile=PATH`), comments first; written to a
-    temporary name and renamed, so it is whole or absent."""
-    temp = path + ".tmp"
-    with open(temp, "w") as handle:
+def write_flagfile(path, flags, comments=(), flag="--output_flags"):
+    """An absl flagfile (`slimserve-server --flagfile=PATH`), comments first; whole or
+    absent (serving/tools/outputs.py: a full disk names `flag` and the path)."""
+    with outputs.write_atomically(path, flag) as handle:
         handle.write("".join("# %s\n" % line if line else "#\n" for line in comments))
-        handle.write("".join(flag + "\n" for flag in flags))
-    os.replace(temp, path)
+        handle.write("".join(flag_text + "\n" for flag_text in flags))
 
 
 # Colours of the precision x XLA groups; red, green and orange mark rejected settings,
@@ -398,9 +403,10 @@ def write_flagfile(path, flags, comments=()):
 _GROUP_COLOURS = ("tab:blue", "tab:purple", "tab:brown", "tab:cyan", "tab:olive", "tab:pink")
 
 
-def plot(rows, path, best=None, reference=None, min_agreement=None, latency_budget_ms=None):
-    """Throughput against p99 for every setting tried (PNG); rejected settings as red x,
-    the latency budget as a dashed line."""
+def plot(rows, path, best=None, reference=None, min_agreement=None, latency_budget_ms=None,
+         flag="--output_png"):
+    """Throughput against p99 for every setting tried (PNG at `path`, whole or absent);
+    rejected settings as red x, the latency budget as a dashed line."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
@@ -435,8 +441,10 @@ def plot(rows, path, best=None, reference=None, min_agreement=None, latency_budg
     axes.legend(fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    try:
+        outputs.write_file(path, flag, lambda name: figure.savefig(name, dpi=100, format="png"))
+    finally:
+        pyplot.close(figure)
 
 
 def scratch(work_dir=None):

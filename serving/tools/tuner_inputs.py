@@ -12,11 +12,13 @@ import dataclasses
 import struct
 
 import tensorflow as tf
+from google.protobuf import message
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
 from slimserve import conventions
-from slimserve.serving.core import errors
+from slimserve import errors
+from slimserve.serving.core import errors as serving_errors
 from slimserve.serving.core import tensors
 from slimserve.serving.observability import request_log
 from slimserve.serving.tools import compare
@@ -39,28 +41,28 @@ def signatures(model_base_path, tags=("serve",)):
     for meta_graph in saved_model.meta_graphs:
         if set(meta_graph.meta_info_def.tags) == set(tags):
             return dict(meta_graph.signature_def)
-    raise ValueError("%s has no MetaGraph tagged %s" % (path, ",".join(tags)))
+    raise errors.UserError("%s has no MetaGraph tagged %s" % (path, ",".join(tags)))
 
 
 def kind_for(model_base_path, signature_name):
     """(IMAGES or EXAMPLES, input key) of `signature_name` in the model to be served."""
     try:
         found = signatures(model_base_path)
-    except (ValueError, OSError, tf.errors.OpError) as error:
-        raise ValueError("--model_base_path=%s: %s" % (model_base_path, getattr(
+    except (errors.UserError, OSError, tf.errors.OpError, message.DecodeError) as error:
+        raise errors.UserError("--model_base_path=%s: %s" % (model_base_path, getattr(
             error, "message", None) or error)) from None
     if signature_name not in found:
-        raise ValueError("--signature_name=%s: the model at %s has signatures %s" % (
+        raise errors.UserError("--signature_name=%s: the model at %s has signatures %s" % (
             signature_name, model_base_path, ", ".join(sorted(found)) or "none"))
     return request_kind(signature_name, found[signature_name])
 
 
 def request_kind(signature_name, signature_def):
-    """(IMAGES or EXAMPLES, input key) for a signature; ValueError naming the flag when
+    """(IMAGES or EXAMPLES, input key) for a signature; UserError naming the flag when
     the tuner cannot feed it."""
     inputs = dict(signature_def.inputs)
     if len(inputs) != 1 or next(iter(inputs.values())).dtype != types_pb2.DT_STRING:
-        raise ValueError(
+        raise errors.UserError(
             "--signature_name=%s takes %s; the tuner sends one string input (encoded images, "
             "or serialized tf.Examples to a classify/regress signature)" % (
                 signature_name, ", ".join("%s (%s)" % (k, types_pb2.DataType.Name(v.dtype))
@@ -84,7 +86,7 @@ def image_example(encoded):
 def _encoded(example, where):
     values = example.features.feature[conventions.ENCODED].bytes_list.value
     if not values:
-        raise ValueError("%s: a tf.Example without %s" % (where, conventions.ENCODED))
+        raise errors.UserError("%s: a tf.Example without %s" % (where, conventions.ENCODED))
     return values[0]
 
 
@@ -98,14 +100,14 @@ def _records(path, budget):
             if not header:
                 return
             if len(header) < 12:
-                raise ValueError("%s: truncated TFRecord header at byte %d" % (path, offset))
+                raise errors.UserError("%s: truncated TFRecord header at byte %d" % (path, offset))
             (length,) = struct.unpack("<Q", header[:8])
             if length > budget:
-                raise ValueError("%s: the record at byte %d is %d bytes, more than the %d "
+                raise errors.UserError("%s: the record at byte %d is %d bytes, more than the %d "
                                  "left of --max_input_mb" % (path, offset, length, budget))
             data, footer = handle.read(length), handle.read(4)
             if len(data) < length or len(footer) < 4:
-                raise ValueError("%s: truncated TFRecord at byte %d" % (path, offset))
+                raise errors.UserError("%s: truncated TFRecord at byte %d" % (path, offset))
             yield offset, data
             offset += 16 + length
 
@@ -114,7 +116,7 @@ def from_data_dir(data_dir, kind, limit, max_bytes):
     """Up to `limit` inputs from the validation split of a converted data set."""
     files = sorted(tf.io.gfile.glob(conventions.shard_pattern(data_dir, conventions.VALIDATION)))
     if not files:
-        raise ValueError("--data_dir=%s holds no %s-*-of-* shards (slimserve-convert writes "
+        raise errors.UserError("--data_dir=%s holds no %s-*-of-* shards (slimserve-convert writes "
                          "them)" % (data_dir, conventions.VALIDATION))
     rows, used = [], 0
     for path in files:
@@ -123,7 +125,7 @@ def from_data_dir(data_dir, kind, limit, max_bytes):
             try:
                 example = tf.train.Example.FromString(record)
             except Exception:  # protobuf's DecodeError
-                raise ValueError("%s is not a tf.Example" % where) from None
+                raise errors.UserError("%s is not a tf.Example" % where) from None
             value = record if kind == EXAMPLES else _encoded(example, where)
             rows.append(value)
             used += len(value)
@@ -147,7 +149,7 @@ def from_logs(pattern, signature_name, kind, key, limit, max_bytes):
                 continue
             try:
                 values = list(tensors.from_proto(key, request.inputs[key]).reshape(-1))
-            except errors.ServingError:  # a logged request the server refused: not an input
+            except serving_errors.ServingError:  # a logged request the server refused: not an input
                 continue
         elif log_type in ("classify_log", "regress_log"):
             examples = list(request.input.example_list.examples)
@@ -159,13 +161,13 @@ def from_logs(pattern, signature_name, kind, key, limit, max_bytes):
             if not isinstance(value, bytes):
                 continue
             if used + len(value) > max_bytes:
-                raise ValueError("--logs=%s: the logged inputs pass --max_input_mb" % pattern)
+                raise errors.UserError("--logs=%s: the logged inputs pass --max_input_mb" % pattern)
             rows.append(value)
             used += len(value)
             if len(rows) >= limit:
                 return rows
     if not rows:
-        raise ValueError("--logs=%s holds no logged request to signature %r with input %r"
+        raise errors.UserError("--logs=%s holds no logged request to signature %r with input %r"
                          % (pattern, signature_name, key))
     return rows
 
@@ -182,16 +184,16 @@ class Sources:
     def check(self):
         """Cheap checks before any server starts."""
         if not (self.images or self.data_dir or self.logs):
-            raise ValueError("give --images, --data_dir or --logs")
+            raise errors.UserError("give --images, --data_dir or --logs")
         if self.images and not tf.io.gfile.exists(self.images):
-            raise ValueError("--images=%s does not exist" % self.images)
+            raise errors.UserError("--images=%s does not exist" % self.images)
         if self.data_dir and not tf.io.gfile.glob(
                 conventions.shard_pattern(self.data_dir, conventions.VALIDATION)):
-            raise ValueError("--data_dir=%s holds no %s-*-of-* shards (slimserve-convert "
+            raise errors.UserError("--data_dir=%s holds no %s-*-of-* shards (slimserve-convert "
                              "writes them)" % (self.data_dir, conventions.VALIDATION))
         if self.logs and not self.data_dir and not [
                 f for f in tf.io.gfile.glob(self.logs) if not tf.io.gfile.isdir(f)]:
-            raise ValueError("--logs=%s matches no file" % self.logs)
+            raise errors.UserError("--logs=%s matches no file" % self.logs)
 
     def read(self, signature_name, kind, key):
         """(load inputs, comparison inputs, a phrase saying where the latter came from)."""
@@ -212,5 +214,5 @@ class Sources:
             compare = load[:self.compare_limit]
             source = "%d images of %s" % (len(compare), self.images)
         if not compare:
-            raise ValueError("no input to compare predictions on (%s)" % source)
+            raise errors.UserError("no input to compare predictions on (%s)" % source)
         return load or compare, compare, source

@@ -1,6 +1,7 @@
 """The commands (one module per console script, slimserve-convert ... slimserve-predict)
-and the helpers they share (logs.py: quiet logging; beam.py: Beam options). Each command
-module defines its absl flags at import and calls the library; library modules define none
+and the helpers they share (logs.py: quiet logging; beam.py: Beam options). A command
+module built on a config class (slimserve/fields.py) exposes CONFIG and main(config, args)
+and gets its flags from `logs.run(main, config=CONFIG)`; library modules define no flags
 and never import this package."""
 import os
 import sys

@@ -9,57 +9,62 @@ Exits 1 when the candidate refuses more of the replayed requests than
 --min_agreement (a request the candidate refuses counts as a disagreement), so a
 deployment script can refuse the candidate.
 """
+import dataclasses
 import json
 import sys
 
-from absl import flags
 from tqdm import tqdm
 
-from slimserve.serving.tools import compare
-from slimserve.serving.observability import request_log
+from slimserve import fields
 from slimserve.cli import logs
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("logs", None, "Glob of request log files (TFRecords of PredictionLog, "
-                    "as the server's logging_config writes them).")
-flags.DEFINE_string("baseline", None,
-                    "SavedModel directory, or a base path (its newest version is used).")
-flags.DEFINE_string("candidate", None,
-                    "SavedModel directory, or a base path (its newest version is used).")
-flags.DEFINE_float("min_agreement", None, "Exit 1 when class agreement is below this "
-                   "(0..1); without it the report is informational.", lower_bound=0.0,
-                   upper_bound=1.0)
-flags.DEFINE_float("max_candidate_error_rate", 0.0,
-                   "Exit 1 when the candidate refuses (errors on) more than this fraction of "
-                   "the replayed requests (0..1; default 0: any refusal fails the canary).",
-                   lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_integer("max_requests", 10000, "Logged requests replayed at most.", lower_bound=1)
-flags.DEFINE_string("json_output", None, "Also write the report as JSON to this file.")
-flags.DEFINE_bool("progress", True, "Show a progress bar.")
-flags.mark_flags_as_required(["logs", "baseline", "candidate"])
+from slimserve.serving.tools import compare
+from slimserve.serving.tools import outputs
 
 
-def main(argv):
-    del argv
-    try:
-        requests = request_log.read_logs(FLAGS.logs, FLAGS.max_requests)
-        with tqdm(total=len(requests), disable=not FLAGS.progress, unit="req") as bar:
-            report = compare.compare(requests, FLAGS.baseline, FLAGS.candidate,
-                                     progress=bar.update)
-    except (ValueError, OSError) as error:
-        sys.exit("slimserve-compare: %s" % error)
-    report["min_agreement"] = FLAGS.min_agreement
-    report["max_candidate_error_rate"] = FLAGS.max_candidate_error_rate
-    reasons = compare.verdict(report, FLAGS.min_agreement, FLAGS.max_candidate_error_rate)
+@dataclasses.dataclass
+class CompareConfig:
+    """slimserve-compare's flags."""
+    logs: str = fields.option(None, "Glob of request log files (TFRecords of PredictionLog, "
+                              "as the server's logging_config writes them).", required=True)
+    baseline: str = fields.option(
+        None, "SavedModel directory, or a base path (its newest version is used).",
+        required=True)
+    candidate: str = fields.option(
+        None, "SavedModel directory, or a base path (its newest version is used).",
+        required=True)
+    min_agreement: float = fields.option(
+        None, "Exit 1 when class agreement is below this (0..1); without it the report is "
+        "informational.", fields.PROBABILITY, kind=float)
+    max_candidate_error_rate: float = fields.option(
+        0.0, "Exit 1 when the candidate refuses (errors on) more than this fraction of the "
+        "replayed requests (0..1; default 0: any refusal fails the canary).",
+        fields.PROBABILITY)
+    max_requests: int = fields.option(10000, "Logged requests replayed at most.",
+                                      fields.Bound(1, 10_000_000))
+    json_output: str = fields.option(None, "Also write the report as JSON to this file.")
+    progress: bool = fields.option(True, "Show a progress bar.")
+
+
+CONFIG = CompareConfig
+
+
+def main(config, args):
+    del args
+    outputs.check_output(config.json_output, "--json_output")
+    requests = compare.read_requests(config.logs, config.max_requests)
+    with tqdm(total=len(requests), disable=not config.progress, unit="req") as bar:
+        report = compare.compare(requests, config.baseline, config.candidate,
+                                 progress=bar.update)
+    report["min_agreement"] = config.min_agreement
+    report["max_candidate_error_rate"] = config.max_candidate_error_rate
+    reasons = compare.verdict(report, config.min_agreement, config.max_candidate_error_rate)
     report["passed"] = not reasons
     report["refused_because"] = reasons
-    if FLAGS.json_output:
-        try:
-            with open(FLAGS.json_output, "w") as handle:
-                json.dump(report, handle, indent=2)
-        except OSError as error:
-            sys.exit("slimserve-compare: --json_output: %s" % error)
-    print(compare.format_report(report, FLAGS.min_agreement, FLAGS.max_candidate_error_rate))
+    if config.json_output:
+        with outputs.write_atomically(config.json_output, "--json_output") as handle:
+            json.dump(report, handle, indent=2)
+    print(compare.format_report(report, config.min_agreement,
+                                config.max_candidate_error_rate))
     if reasons:
         print("slimserve-compare: candidate REFUSED: %s" % "; ".join(reasons),
               file=sys.stderr)
@@ -67,7 +72,7 @@ def main(argv):
 
 
 def run():
-    logs.run(main)
+    logs.run(main, config=CONFIG)
 
 
 if __name__ == "__main__":

@@ -5,66 +5,74 @@
 
 Bounded by --requests and --max_seconds per level; it stops by itself.
 """
+import dataclasses
 import json
 import sys
 
 import grpc
-from absl import flags
 
+from slimserve import errors
+from slimserve import fields
+from slimserve.cli import logs
 from slimserve.serving.tools import client as client_lib
 from slimserve.serving.tools import loadtest
-from slimserve.cli import logs
-
-FLAGS = flags.FLAGS
 
 
-flags.DEFINE_string("server", "localhost:8500", "host:port of the gRPC API.")
-flags.DEFINE_string("model_name", "resnet", "Model name.")
-flags.DEFINE_string("signature_name", "serving_default",
-                    "Signature with one string input (encoded images); its input name is "
-                    "read from the server's GetModelMetadata.")
-flags.DEFINE_string("images", None, "An image file or a folder of them (up to 256 used).")
-flags.DEFINE_list("concurrency", ["1", "8", "32"], "Concurrency levels, run in turn.")
-flags.DEFINE_integer("requests", 400, "Requests per level.")
-flags.DEFINE_integer("batch_size", 1, "Images per request.")
-flags.DEFINE_float("max_seconds", 60.0, "Upper bound on each level's duration.")
-flags.DEFINE_float("timeout", 30.0, "Per-request deadline in seconds.")
-flags.DEFINE_bool("json", False, "Print JSON lines instead of a table.")
-flags.mark_flag_as_required("images")
+@dataclasses.dataclass
+class LoadtestConfig:
+    """slimserve-loadtest's flags."""
+    server: str = fields.option("localhost:8500", "host:port of the gRPC API.")
+    model_name: str = fields.option("resnet", "Model name.")
+    signature_name: str = fields.option(
+        "serving_default", "Signature with one string input (encoded images); its input "
+        "name is read from the server's GetModelMetadata.")
+    images: str = fields.option(None, "An image file or a folder of them (up to 256 used).",
+                                required=True)
+    concurrency: tuple = fields.option((1, 8, 32), "Concurrency levels, run in turn.",
+                                       fields.Bound(1, 1024), item=int)
+    requests: int = fields.option(400, "Requests per level.", fields.Bound(1, fields.INT32_MAX))
+    batch_size: int = fields.option(1, "Images per request.", fields.Bound(1, 65536))
+    max_seconds: float = fields.option(60.0, "Upper bound on each level's duration.",
+                                       fields.POSITIVE)
+    timeout: float = fields.option(30.0, "Per-request deadline in seconds.", fields.POSITIVE)
+    json: bool = fields.option(False, "Print JSON lines instead of a table.")
 
 
-def main(argv):
-    del argv
+CONFIG = LoadtestConfig
+
+
+def main(config, args):
+    del args
     try:
-        images = loadtest.load_images(FLAGS.images)
-    except ValueError as error:
-        sys.exit("slimserve-loadtest: --images: %s" % error)
-    client = client_lib.Client(FLAGS.server, FLAGS.model_name, timeout=FLAGS.timeout, retries=0)
+        images = loadtest.load_images(config.images)
+    except errors.UserError as error:
+        raise errors.UserError("--images: %s" % error) from None
+    client = client_lib.Client(config.server, config.model_name, timeout=config.timeout,
+                               retries=0)
     try:
-        input_key, _ = client.image_input_key(FLAGS.signature_name)
-    except ValueError as error:
-        sys.exit("slimserve-loadtest: %s" % error)
+        input_key, _ = client.image_input_key(config.signature_name)
     except grpc.RpcError as error:
-        sys.exit("slimserve-loadtest: GetModelMetadata of model %s at %s failed: %s: %s" % (
-            FLAGS.model_name, FLAGS.server, error.code().name, error.details()))
+        raise errors.UserError("GetModelMetadata of model %s at %s failed: %s: %s" % (
+            config.model_name, config.server, error.code().name, error.details())) from None
     rows = []
-    for level in (int(c) for c in FLAGS.concurrency):
+    for level in config.concurrency:
         done = [0]
 
         def progress(level=level, done=done):
             done[0] += 1
-            if done[0] % max(1, FLAGS.requests // 10) == 0:
-                print("  concurrency %d: %d/%d" % (level, done[0], FLAGS.requests),
+            if done[0] % max(1, config.requests // 10) == 0:
+                print("  concurrency %d: %d/%d" % (level, done[0], config.requests),
                       file=sys.stderr, flush=True)
 
-        result = loadtest.run_level(client, images, level, FLAGS.requests, FLAGS.max_seconds,
-                                    FLAGS.batch_size, FLAGS.signature_name, progress,
+        result = loadtest.run_level(client, images, level, config.requests, config.max_seconds,
+                                    config.batch_size, config.signature_name, progress,
                                     input_key=input_key)
         del result["latencies_ms"]
         rows.append(result)
-        if FLAGS.json:
+        if config.json:
             print(json.dumps(result))
-    if not FLAGS.json:
+    client.close()
+    if not config.json:
         print("| concurrency | requests | req/s | p50 ms | p90 ms | p99 ms | errors |")
         print("|---|---|---|---|---|---|---|")
         for r in rows:
@@ -74,7 +82,7 @@ def main(argv):
 
 
 def run():
-    logs.run(main)
+    logs.run(main, config=CONFIG)
 
 
 if __name__ == "__main__":

@@ -1,95 +1,91 @@
 """What slimserve-tune and slimserve-tune-batching share: the load and batching-grid
-flags, and running a sweep under a progress bar in a way that never leaves a server
-behind (SIGTERM / SIGINT stop the server children, then the command exits 128 + signal).
+flags (TuningOptions, a section of both commands' configs), and running a sweep under a
+progress bar in a way that never leaves a server behind (SIGTERM / SIGINT stop the server
+children, then the command exits 128 + signal).
 """
+import dataclasses
 import importlib.util
 import os
 import signal
 import sys
 import time
 
-from absl import flags
 from tqdm import tqdm
 
+from slimserve import errors
+from slimserve import fields
 from slimserve.serving.tools import batching_tuner
-from slimserve.serving.tools import tuner as tuner_lib
+from slimserve.serving.tools import outputs
 from slimserve.serving.tools import server_process
+from slimserve.serving.tools import tuner as tuner_lib
 
-FLAGS = flags.FLAGS
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
     os.cpu_count() or 1)
 
 
-def define_flags():
+@dataclasses.dataclass
+class TuningOptions:
     """The flags both tuners take, with the defaults slimserve-tune-batching always had."""
-    flags.DEFINE_string("model_base_path", None, "Folder of integer version sub-folders.")
-    flags.DEFINE_string("model_name", "resnet", "Model name served during the sweep.")
-    flags.DEFINE_string("signature_name", "serving_default",
-                        "Signature loaded and compared: one string input, encoded images "
-                        "(e.g. serving_default) or serialized tf.Examples (e.g. classify).")
-    flags.DEFINE_float("latency_budget_ms", None, "Highest acceptable p99 latency (ms).",
-                       lower_bound=0.0)
-    flags.DEFINE_integer("concurrency", 16, "Closed-loop clients during each measurement.",
-                         lower_bound=1, upper_bound=1024)
-    flags.DEFINE_integer("requests", 300, "Batch-1 requests measured per setting.",
-                         lower_bound=1)
-    flags.DEFINE_float("max_seconds", 60.0, "Upper bound on one setting's measurement.",
-                       lower_bound=1.0)
-    flags.DEFINE_list("max_batch_sizes", ["4", "8", "16", "32"],
-                      "max_batch_size values tried.")
-    flags.DEFINE_list("batch_timeouts_micros", ["0", "1000", "5000"],
-                      "batch_timeout_micros values tried.")
-    flags.DEFINE_list("num_batch_threads", [str(CORES)],
-                      "num_batch_threads values tried (default: the number of cores).")
-    flags.DEFINE_list("max_enqueued_batches", ["100"], "max_enqueued_batches values tried.")
-    flags.DEFINE_bool("compare_documented", True,
-                      "Also measure TF Serving's documented CPU starting point "
-                      "(batching/README.md) on the same load and report the chosen "
-                      "setting against it.")
-    flags.DEFINE_float("max_minutes", 20.0, "Stop starting new settings after this long.",
-                       lower_bound=0.1)
-    flags.DEFINE_string("output_config", "batching.config",
-                        "Where the chosen batching setting goes (TF Serving text format).")
-    flags.DEFINE_string("output_png", "batching.png",
-                        "Plot of throughput against p99 for every setting ('' for none).")
-    flags.DEFINE_string("work_dir", None, "Where a temporary folder for the settings' "
-                        "batching files and server logs is made (default: the system's).")
-    flags.DEFINE_bool("progress", True, "Show a progress bar.")
+    model_base_path: str = fields.option(None, "Folder of integer version sub-folders.",
+                                         required=True)
+    model_name: str = fields.option("resnet", "Model name served during the sweep.")
+    signature_name: str = fields.option(
+        "serving_default", "Signature loaded and compared: one string input, encoded images "
+        "(e.g. serving_default) or serialized tf.Examples (e.g. classify).")
+    latency_budget_ms: float = fields.option(None, "Highest acceptable p99 latency (ms).",
+                                             fields.NON_NEGATIVE, kind=float, required=True)
+    concurrency: int = fields.option(16, "Closed-loop clients during each measurement.",
+                                     fields.Bound(1, 1024))
+    requests: int = fields.option(300, "Batch-1 requests measured per setting.",
+                                  fields.Bound(1, fields.INT32_MAX))
+    max_seconds: float = fields.option(60.0, "Upper bound on one setting's measurement.",
+                                       fields.Bound(1.0))
+    max_batch_sizes: tuple = fields.option((4, 8, 16, 32), "max_batch_size values tried.",
+                                           fields.Bound(1, fields.INT32_MAX), item=int)
+    batch_timeouts_micros: tuple = fields.option(
+        (0, 1000, 5000), "batch_timeout_micros values tried.",
+        fields.Bound(0, fields.INT64_MAX), item=int)
+    num_batch_threads: tuple = fields.option(
+        (CORES,), "num_batch_threads values tried (default: the number of cores).",
+        fields.Bound(1, 4096), item=int)
+    max_enqueued_batches: tuple = fields.option(
+        (100,), "max_enqueued_batches values tried.", fields.Bound(1, fields.INT32_MAX),
+        item=int)
+    compare_documented: bool = fields.option(
+        True, "Also measure TF Serving's documented CPU starting point (batching/README.md) "
+        "on the same load and report the chosen setting against it.")
+    max_minutes: float = fields.option(20.0, "Stop starting new settings after this long.",
+                                       fields.Bound(0.1))
+    output_config: str = fields.option(
+        "batching.config", "Where the chosen batching setting goes (TF Serving text format).")
+    output_png: str = fields.option(
+        "batching.png", "Plot of throughput against p99 for every setting ('' for none).")
+    work_dir: str = fields.option(None, "Where a temporary folder for the settings' batching "
+                                  "files and server logs is made (default: the system's).")
+    progress: bool = fields.option(True, "Show a progress bar.")
 
 
-def _ints(flag):
-    try:
-        return [int(v) for v in FLAGS[flag].value]
-    except ValueError:
-        raise ValueError("--%s: expected integers, got %s" % (flag, FLAGS[flag].value)) from None
-
-
-def batching_grid():
+def batching_grid(options):
     """(the grid from the flags, TF Serving's documented CPU start or None)."""
-    grid = list(batching_tuner.grid(_ints("max_batch_sizes"), _ints("batch_timeouts_micros"),
-                                    _ints("num_batch_threads"), _ints("max_enqueued_batches")))
+    grid = list(batching_tuner.grid(options.max_batch_sizes, options.batch_timeouts_micros,
+                                    options.num_batch_threads, options.max_enqueued_batches))
     if not grid:
-        raise ValueError("the batching grid is empty")
-    reference = batching_tuner.documented_cpu_start(CORES) if FLAGS.compare_documented else None
+        raise errors.UserError("the batching grid is empty")
+    reference = (batching_tuner.documented_cpu_start(CORES) if options.compare_documented
+                 else None)
     return grid, reference
 
 
-def check_outputs(*flag_names):
-    """Fails before any measuring when an output flag names a path that cannot be written."""
-    for name in flag_names:
-        path = FLAGS[name].value
+def check_outputs(*paths):
+    """Fails before any measuring when an output flag names a path that cannot be written
+    (`paths`: (flag, path) pairs; an empty path writes nothing)."""
+    for flag, path in paths:
         if not path:
             continue
-        folder = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(path):
-            raise ValueError("--%s=%s is a directory" % (name, path))
-        if not os.path.isdir(folder):
-            raise ValueError("--%s=%s: folder %s does not exist" % (name, path, folder))
-        if not os.access(folder, os.W_OK):
-            raise ValueError("--%s=%s: folder %s is not writable" % (name, path, folder))
-        if name == "output_png" and importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--output_png needs matplotlib (pip install matplotlib), or give "
-                             "--output_png=''")
+        outputs.check_output(path, flag)
+        if flag == "--output_png" and importlib.util.find_spec("matplotlib") is None:
+            raise errors.UserError("--output_png needs matplotlib (pip install matplotlib), "
+                                   "or give --output_png=''")
 
 
 def find_reference(rows, reference):
@@ -125,12 +121,13 @@ def _on_signal(signum, frame):
         raise Interrupted(signum)
 
 
-def run_sweep(tool, tuner, total, print_rows, **sweep_args):
-    """tuner_lib.sweep under a progress bar; on SIGTERM / SIGINT stops the servers, prints
-    what was measured (`print_rows(rows)`) and exits 128 + the signal. Returns the rows."""
+def run_sweep(tool, tuner, total, print_rows, options, **sweep_args):
+    """tuner_lib.sweep under a progress bar (options: the TuningOptions); on SIGTERM /
+    SIGINT stops the servers, prints what was measured (`print_rows(rows)`) and exits
+    128 + the signal. Returns the rows."""
     rows = []
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    bar = tqdm(total=total, disable=not FLAGS.progress, unit="setting")
+    bar = tqdm(total=total, disable=not options.progress, unit="setting")
 
     def progress(row):
         rows.append(row)
@@ -139,7 +136,7 @@ def run_sweep(tool, tuner, total, print_rows, **sweep_args):
             row["label"], row["images_per_s"], row["p99_ms"], agreement))
         bar.update()
 
-    deadline = time.monotonic() + FLAGS.max_minutes * 60
+    deadline = time.monotonic() + options.max_minutes * 60
     try:
         tuner_lib.sweep(tuner, deadline=deadline, progress=progress, **sweep_args)
     except Interrupted as interrupted:
@@ -151,14 +148,11 @@ def run_sweep(tool, tuner, total, print_rows, **sweep_args):
             tool, interrupted, len(rows), total,
             "; stopped %d server(s)" % stopped if stopped else ""), file=sys.stderr)
         sys.exit(128 + interrupted.signum)
-    except (RuntimeError, ValueError) as error:
-        bar.close()
-        sys.exit("%s: %s" % (tool, error))
     finally:
         bar.close()
         for number, handler in previous.items():
             signal.signal(number, handler)
     if len(rows) < total and time.monotonic() > deadline:
         print("--max_minutes=%g reached: %d of %d settings measured" % (
-            FLAGS.max_minutes, len(rows), total), file=sys.stderr)
+            options.max_minutes, len(rows), total), file=sys.stderr)
     return rows
