@@ -189,25 +189,28 @@ def help_text(field):
     return text
 
 
-def define_flags(cls, flag_values=None):
+def define_flags(cls, flag_values=None, module_name=None):
     """Defines one absl flag per field of `cls` (sections flattened), each validated by
     its field's bound; required fields are marked required. Called by a command module
-    at import."""
+    at import, or by logs.run for a command built on a config class. module_name: the
+    module the flags belong to (the command's), so --helpfull lists them under it."""
     from absl import flags  # pylint: disable=import-outside-toplevel
     flag_values = flags.FLAGS if flag_values is None else flag_values
+    owner = {} if module_name is None else {"module_name": module_name}
     for _, field in walk(cls):
         name, kind, default = flag_name(field), field.metadata["kind"], field.default
         text = help_text(field)
         choices = field.metadata.get("choices")
         if kind is list:
             flags.DEFINE_list(name, list(default) if default is not None else None, text,
-                    flag_values=flag_values)
+                              flag_values=flag_values, **owner)
         elif choices:
-            flags.DEFINE_enum(name, default, list(choices), text, flag_values=flag_values)
+            flags.DEFINE_enum(name, default, list(choices), text, flag_values=flag_values,
+                              **owner)
         else:
             definer = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
                        float: flags.DEFINE_float, str: flags.DEFINE_string}[kind]
-            definer(name, default, text, flag_values=flag_values)
+            definer(name, default, text, flag_values=flag_values, **owner)
         if field.metadata.get("bound") is not None:
             flags.register_validator(
                 name, lambda value, f=field: violation(f, _converted(f, value)) is None,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slimserve.estimator import dataset
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.export import writer
@@ -21,7 +21,7 @@ CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
 
 def _validation_examples(data_dir, count):
-    return dataset.read_examples(data_dir, "validation", count)
+    return splits.read_examples(data_dir, "validation", count)
 
 
 def _encoded(example):

@@ -187,7 +187,9 @@ def run(main, concise=False, config=None, module=None):
     module = module or main.__module__
     quiet_tensorflow()
     if config is not None:
-        fields.define_flags(config)
+        # Listed by --helpfull under the command's module (absl's name for __main__).
+        fields.define_flags(config, module_name=sys.argv[0] if module == "__main__"
+                            else module)
     declare_command_flags(module)
     name = command_name(module)
 
