@@ -1,6 +1,7 @@
 """Training as a library: `run(TrainConfig)` -> TrainResult (Model Garden's train_lib).
 
-    config = fields.replace(train_config.TrainConfig(), ...)   # or built from flags
+    config = train_config.TrainConfig()       # or fields.from_flags(TrainConfig)
+    config.data.data_dir, config.run.model_dir = "data/", "runs/mine"
     result = training.run(config, exporters_factory=exporters.for_training)
 
 Owns the order of a run, so slimserve-train only builds the config and prints the result:
