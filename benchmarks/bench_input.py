@@ -27,6 +27,7 @@ from slimserve.estimator import dataset  # noqa: E402  pylint: disable=wrong-imp
 from slimserve.estimator import inputs
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
+from slimserve.estimator import splits  # noqa: E402  pylint: disable=wrong-import-position
 
 SIZE = 224
 
@@ -137,7 +138,7 @@ def _replicate(data_dir, target, times):
     os.makedirs(target, exist_ok=True)
     if os.path.exists(os.path.join(target, schema.INFO_FILE)):
         return target
-    records = [r for f in dataset.split_files(data_dir, schema.TRAIN)
+    records = [r for f in splits.split_files(data_dir, schema.TRAIN)
                for r in tf.compat.v1.io.tf_record_iterator(f)]
     shards = 8 * times
     for shard in range(shards):

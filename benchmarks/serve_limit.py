@@ -145,9 +145,9 @@ def limit_section(args, photos):
     agreement column, at every --limit_sizes; one table per size (--variant: the served
     rows)."""
     data_dir, model_dir = digits_model(args.digits_steps)
-    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import schema  # pylint: disable=import-outside-toplevel
-    digits = dataset.read_images(data_dir, schema.VALIDATION)[0]
+    from slimserve.estimator import splits  # pylint: disable=import-outside-toplevel
+    digits = splits.read_images(data_dir, schema.VALIDATION)[0]
     variants = parse_variants(args.variant)
     for size in [int(x) for x in args.limit_sizes.split(",") if x]:
         base = trained_export(model_dir, size)

@@ -23,6 +23,7 @@ import collections
 import io
 import json
 
+from slimserve import errors
 from slimserve.estimator import dataset
 from slimserve.estimator import image_files
 from slimserve.estimator import schema
@@ -178,7 +179,8 @@ def build_dataset(input_path, output_dir, options,
                             validation_shards, seed, max_shorter_side, max_file_bytes,
                             reader=read_input)
     num_shards = {split: len(bounds) for split, bounds in the_plan.bounds.items()}
-    with dataset.lock_output(output_dir, force_unlock):
+    with errors.writing(output_dir, "--output_dir"), dataset.lock_output(output_dir,
+                                                                          force_unlock):
         staging = dataset.prepare_output(output_dir, overwrite)
         tf.io.gfile.makedirs(dataset.join(staging, _SUMMARIES))
 

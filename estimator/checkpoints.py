@@ -14,12 +14,13 @@ import os
 
 import tensorflow as tf
 
+from slimserve import errors
 from slimserve.estimator import nets
 
 CORRUPT_DIR = "corrupt-checkpoints"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(errors.UserError):
     """No usable checkpoint to resume from; the message names the file(s)."""
 
 

@@ -27,7 +27,7 @@ steps go through tf.io.gfile, so they work on local and gs:// paths alike.
 """
 import collections
 import contextlib
-import glob
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -36,6 +36,8 @@ import random
 import re
 import unicodedata
 
+from slimserve import errors
+from slimserve import fields
 from slimserve import image_listing
 from slimserve.estimator import image_files
 from slimserve.estimator import run_lock
@@ -45,7 +47,7 @@ PARTIAL_DIR = ".partial"
 _OUTPUT_RE = re.compile(r"^(train|validation)-\d{5}-of-\d{5}$")
 
 
-class DatasetError(ValueError):
+class DatasetError(errors.UserError):
     """Bad input to the builder; the message names the file or flag at fault."""
 
 
@@ -137,8 +139,7 @@ def read_input(path):
 
 def stratified_split(items, fraction, seed):
     """Per class, a seeded shuffle puts round(n * fraction) items into validation."""
-    if not 0.0 <= fraction < 1.0:
-        raise DatasetError("--validation_fraction must be in [0, 1), got %s" % fraction)
+    _check_option("validation_fraction", fraction)
     by_class = collections.defaultdict(list)
     for item in items:
         by_class[item.label].append(item)
@@ -153,22 +154,61 @@ def stratified_split(items, fraction, seed):
     return train, validation
 
 
+@dataclasses.dataclass
+class ConvertOptions:
+    """The converter's settings, one flag of slimserve-convert each (slimserve/fields.py:
+    name, default, help and bound in one place); its command adds the Beam section."""
+    input: str = fields.option(
+        None, "Folder of class sub-folders, or a CSV/TSV of path,label.", required=True)
+    output_dir: str = fields.option(
+        None, "Where shards, labels.txt and dataset_info.json go.", required=True)
+    validation_fraction: float = fields.option(
+        0.2, "Fraction of each class held out for validation (stratified, seeded).",
+        fields.FRACTION)
+    validation_input: str = fields.option(
+        None, "A separate folder/CSV for validation; overrides --validation_fraction.")
+    train_shards: int = fields.option(8, "Number of training shards.", fields.Bound(1))
+    validation_shards: int = fields.option(2, "Number of validation shards.", fields.Bound(1))
+    seed: int = fields.option(0, "Seed of the split and of the training shard order.")
+    num_workers: int = fields.option(None, "Decode/convert processes (default: all cores).",
+                                     fields.NON_NEGATIVE, kind=int)
+    jpeg_quality: int = fields.option(
+        95, "JPEG quality for images that must be re-encoded.", fields.Bound(1, 100))
+    max_shorter_side: int = fields.option(
+        0, "Shrink images whose shorter side is longer than this many pixels (aspect kept, "
+        "never enlarged; 0 keeps the originals). Storing images near the training size "
+        "(e.g. 256 for 224) cuts the JPEG decoding every training step pays.",
+        fields.NON_NEGATIVE)
+    max_file_bytes: int = fields.option(
+        image_files.DEFAULT_MAX_FILE_BYTES, "Skip input files larger than this many bytes "
+        "(0: no limit); guards against huge or hostile inputs.", fields.NON_NEGATIVE)
+    overwrite: bool = fields.option(
+        False, "Replace an existing finished data set in --output_dir.")
+    force_unlock: bool = fields.option(
+        False, "Take over --output_dir's .convert.lock held by a conversion on another host "
+        "(this host cannot tell whether it still runs; a stale lock of this host is taken "
+        "over without it). Only once that conversion is gone.")
+    progress: bool = fields.option(True, "Show a progress bar.")
+
+
+_OPTION_FIELDS = {field.name: field for field in dataclasses.fields(ConvertOptions)}
+
+
+def _check_option(name, value):
+    message = fields.violation(_OPTION_FIELDS[name], value)
+    if message:
+        raise DatasetError(message)
+
+
 def check_options(validation_fraction, train_shards, validation_shards, max_shorter_side,
                   max_file_bytes):
-    """Refuses bad settings before any input is listed; the message names the flag."""
-    if not 0.0 <= validation_fraction < 1.0:
-        raise DatasetError("--validation_fraction must be in [0, 1), got %s"
-                           % validation_fraction)
-    for flag, value in (("--train_shards", train_shards),
-                        ("--validation_shards", validation_shards)):
-        if value < 1:
-            raise DatasetError("%s must be >= 1, got %d" % (flag, value))
-    if max_shorter_side < 0:
-        raise DatasetError("--max_shorter_side must be >= 0 (0 keeps the original size), "
-                           "got %d" % max_shorter_side)
-    if max_file_bytes < 0:
-        raise DatasetError("--max_file_bytes must be >= 0 (0: no limit), got %d"
-                           % max_file_bytes)
+    """Refuses bad settings before any input is listed, by ConvertOptions' bounds; the
+    message names the flag."""
+    for name, value in (("validation_fraction", validation_fraction),
+                        ("train_shards", train_shards), ("validation_shards", validation_shards),
+                        ("max_shorter_side", max_shorter_side),
+                        ("max_file_bytes", max_file_bytes)):
+        _check_option(name, value)
 
 
 def shard_bounds(count, num_shards):
@@ -420,11 +460,12 @@ def build_dataset(input_path, output_dir, validation_fraction=0.2, validation_in
     Only regular files of at most `max_file_bytes` bytes are read (0: no limit); others
     are skipped with the reason. Classes without a usable training image are left out
     and listed in `dropped_classes` with the reason. `output_dir` is locked for the run
-    (lock_output; `force_unlock` takes over another host's lock).
+    (lock_output; `force_unlock` takes over another host's lock); a permission error or a
+    full disk there is a UserError naming it, with nothing published.
     """
     the_plan = plan(input_path, validation_fraction, validation_input, train_shards,
                     validation_shards, seed, max_shorter_side, max_file_bytes)
-    with lock_output(output_dir, force_unlock):
+    with errors.writing(output_dir, "--output_dir"), lock_output(output_dir, force_unlock):
         staging = prepare_output(output_dir, overwrite)
         from tqdm import tqdm  # pylint: disable=g-import-not-at-top
         context = multiprocessing.get_context("fork")
@@ -472,38 +513,3 @@ def publish(staging, output_dir):
             tf.io.gfile.rename(join(staging, name), join(output_dir, name), overwrite=True)
     tf.io.gfile.rename(join(staging, schema.INFO_FILE), info_path, overwrite=True)
     tf.io.gfile.rmtree(staging)
-
-
-def read_examples(data_dir, split, limit=None):
-    """The tf.train.Examples of a split in shard order, at most `limit`.
-
-    Plain Python reads, no tf.data: exporters call this inside a finalized training graph.
-    The one reader of a converted split for warmup, the demo, benchmarks and tests."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    out = []
-    for path in split_files(data_dir, split):
-        for record in tf.compat.v1.io.tf_record_iterator(path):
-            out.append(tf.train.Example.FromString(record))
-            if limit is not None and len(out) >= limit:
-                return out
-    return out
-
-
-def read_images(data_dir, split, limit=None):
-    """(encoded images, int labels) of a split, in shard order."""
-    examples = read_examples(data_dir, split, limit)
-    return ([e.features.feature[schema.ENCODED].bytes_list.value[0] for e in examples],
-            [e.features.feature[schema.LABEL].int64_list.value[0] for e in examples])
-
-
-def split_files(data_dir, split):
-    """The complete shard list of a split; a missing shard is an error naming it."""
-    files = sorted(glob.glob(schema.shard_pattern(data_dir, split)))
-    if not files:
-        raise DatasetError("no %s shards matching %s" % (split, schema.shard_pattern(data_dir, split)))
-    expected = int(files[0].rsplit("-of-", 1)[1])
-    want = [os.path.join(data_dir, schema.shard_name(split, i, expected)) for i in range(expected)]
-    missing = sorted(set(want) - set(files))
-    if missing:
-        raise DatasetError("missing shard(s): %s" % ", ".join(missing))
-    return want

@@ -10,12 +10,14 @@ import math
 
 import tensorflow as tf
 
+from slimserve import errors
+
 # model_fn adds its total loss here (replica 0's first under MirroredStrategy), so the
 # hook needs no handle on model_fn's tensors.
 LOSS_COLLECTION = "slimserve_total_loss"
 
 
-class DivergenceError(RuntimeError):
+class DivergenceError(errors.UserError):
     """Training stopped because the loss became non-finite or exploded."""
 
 
@@ -26,12 +28,10 @@ class LossGuardHook(tf.estimator.SessionRunHook):
     The reference is the first loss this process sees, but at least `loss_floor`
     (ln(num_classes), the loss of a uniform guess): so a run resumed from a well trained
     checkpoint, whose loss is near 0, is not stopped by an ordinary bad batch.
+    `max_loss_factor` is 0 or > 1 (the bound of --max_loss_factor, estimator/train_config.py).
     """
 
     def __init__(self, stop_on_nonfinite=True, max_loss_factor=100.0, loss_floor=1.0):
-        if max_loss_factor and max_loss_factor <= 1:
-            raise ValueError("--max_loss_factor must be > 1 (or 0 to turn it off), got %r"
-                             % max_loss_factor)
         self._stop_on_nonfinite = stop_on_nonfinite
         self._factor = max_loss_factor
         self._floor = loss_floor

@@ -15,6 +15,7 @@ from slimserve import conventions
 from slimserve.estimator import dataset
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -139,7 +140,7 @@ def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=
             "%s has no %s, so it is not a finished data set (an interrupted or still running "
             "slimserve-convert?); run slimserve-convert to completion first"
             % (data_dir, schema.INFO_FILE))
-    files = dataset.split_files(data_dir, split)
+    files = splits.split_files(data_dir, split)
     ordered = not is_training or config.deterministic
     if config.verify_shards:
         for path in files:

@@ -9,6 +9,7 @@ from typing import Callable, Tuple
 
 import tensorflow as tf
 
+from slimserve import errors
 from slimserve.estimator import compat  # noqa: F401  (must precede tf_slim)  pylint: disable=unused-import
 from slimserve.estimator import preprocessing
 
@@ -109,8 +110,14 @@ def get_net(name):
     try:
         return NETS[name]
     except KeyError:
-        raise ValueError("unknown --model_name %r; choose one of %s"
-                         % (name, ", ".join(sorted(NETS)))) from None
+        raise errors.UserError("unknown --model_name %r; choose one of %s"
+                               % (name, ", ".join(sorted(NETS)))) from None
+
+
+def in_scopes(name, scopes):
+    """True when variable or scope `name` is one of `scopes` or inside one (slim's scope
+    flags: --checkpoint_exclude_scopes, --trainable_scopes, --freeze_scopes)."""
+    return any(name == s or name.startswith(s.rstrip("/") + "/") for s in scopes)
 
 
 def preprocessing_spec(name, image_size=None, central_fraction=0.875,

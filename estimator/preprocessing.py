@@ -21,6 +21,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from slimserve import errors
+
 VGG = "vgg"
 INCEPTION = "inception"
 STYLES = (VGG, INCEPTION)
@@ -50,12 +52,12 @@ class Spec:
     def __post_init__(self):
         check_style(self.style)
         if not (isinstance(self.image_size, int) and self.image_size > 0):
-            raise ValueError("--image_size must be > 0, got %r" % (self.image_size,))
+            raise errors.UserError("--image_size must be > 0, got %r" % (self.image_size,))
         if not 0.0 < self.central_fraction <= 1.0:
-            raise ValueError("--eval_central_fraction must be in (0, 1], got %r"
+            raise errors.UserError("--eval_central_fraction must be in (0, 1], got %r"
                              % (self.central_fraction,))
         if not self.max_image_pixels > 0:
-            raise ValueError("--max_image_pixels must be > 0, got %r" % (self.max_image_pixels,))
+            raise errors.UserError("--max_image_pixels must be > 0, got %r" % (self.max_image_pixels,))
 
     @classmethod
     def from_dict(cls, settings):

@@ -9,6 +9,7 @@ import os
 import tensorflow as tf
 
 from slimserve import compute
+from slimserve import errors
 from slimserve.cpu import cpu_supports_bf16  # noqa: F401  (one check for training and serving)
 from slimserve.estimator import compat
 
@@ -26,7 +27,8 @@ def session_config(xla=False, precision="fp32", intra_op_threads=0, inter_op_thr
     --xla_cpu_compilation_enabled.
     """
     if precision not in PRECISIONS:
-        raise ValueError("--precision must be one of %s, got %r" % (PRECISIONS, precision))
+        raise errors.UserError("--precision must be one of %s, got %r"
+                               % (PRECISIONS, precision))
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
                                       intra_op_parallelism_threads=intra_op_threads,
                                       inter_op_parallelism_threads=inter_op_threads)
@@ -58,7 +60,7 @@ def tf_config_cluster():
     try:
         return json.loads(raw).get("cluster", {})
     except ValueError as error:
-        raise ValueError("TF_CONFIG is not valid JSON: %s" % error) from None
+        raise errors.UserError("TF_CONFIG is not valid JSON: %s" % error) from None
 
 
 def is_chief():
@@ -70,7 +72,7 @@ def is_chief():
     try:
         config = json.loads(raw)
     except ValueError as error:
-        raise ValueError("TF_CONFIG is not valid JSON: %s" % error) from None
+        raise errors.UserError("TF_CONFIG is not valid JSON: %s" % error) from None
     task = config.get("task", {})
     kind = task.get("type", "chief")
     if kind in ("chief", "master"):
@@ -83,7 +85,7 @@ def strategy(distribution="auto", num_gpus=0, cpu_replicas=0):
     """None (plain Estimator; between-graph PS training when TF_CONFIG names ps), a
     MirroredStrategy over GPUs or logical CPUs, or multi-worker collective all-reduce."""
     if distribution not in DISTRIBUTIONS:
-        raise ValueError("--distribution must be one of %s, got %r"
+        raise errors.UserError("--distribution must be one of %s, got %r"
                          % (DISTRIBUTIONS, distribution))
     cluster = tf_config_cluster()
     if distribution == "auto":

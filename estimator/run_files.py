@@ -1,5 +1,5 @@
-"""The files a training run leaves for export: `flags.txt` (every flag, usable as
---flagfile) and `slimserve.json` (the model and preprocessing settings an export needs).
+"""The files a training run leaves for export: `flags.txt` (the run's TrainConfig as a
+flagfile, usable as --flagfile) and `slimserve.json` (the model and preprocessing settings an export needs).
 
 Written by slimserve-train, read by slimserve-export: one module, so neither command
 imports the other.
@@ -9,6 +9,8 @@ import json
 import os
 
 import tensorflow as tf
+
+from slimserve import errors
 
 CONFIG_FILE = "slimserve.json"
 FLAGS_FILE = "flags.txt"
@@ -34,13 +36,14 @@ def read(model_dir):
     by model_config() and preprocessing.Spec.from_dict()."""
     path = os.path.join(model_dir, CONFIG_FILE)
     if not tf.io.gfile.exists(path):
-        raise ValueError("%s not found: the model_dir must be a slimserve-train run" % path)
+        raise errors.UserError("%s not found: the model_dir must be a slimserve-train run"
+                               % path)
     with tf.io.gfile.GFile(path) as handle:
         try:
             return json.load(handle)
         except ValueError as error:
-            raise ValueError("%s is not valid JSON (%s); rerun slimserve-train or restore "
-                             "the file" % (path, error)) from None
+            raise errors.UserError("%s is not valid JSON (%s); rerun slimserve-train or "
+                                   "restore the file" % (path, error)) from None
 
 
 def model_config(run):

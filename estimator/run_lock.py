@@ -20,11 +20,13 @@ import logging
 import os
 import socket
 
+from slimserve import errors
+
 LOCK_FILE = "train.lock"
 CONVERT_LOCK_FILE = ".convert.lock"  # hidden, as .partial: the folder lists data only
 
 
-class LockedError(RuntimeError):
+class LockedError(errors.UserError):
     """Another run holds the directory's lock; the message names it."""
 
 

@@ -21,37 +21,22 @@ import os
 
 import tensorflow as tf
 
-AUTO = "auto"
-NONE = "none"
-AUTO_METRIC = "mean_per_class_accuracy"
-AUTO_MARGIN = 0.3
-AUTO_BEST_FRACTION = 0.9
-# The flag's help text, shared by slimserve-train and slimserve-export.
-HELP = ("Export only an evaluation that clears this bar: 'auto' = mean_per_class_accuracy "
-        "above chance 1/C by %d%% of the way to 1 (0.37 for 10 classes) and at least %d%% of "
-        "the best this run has evaluated; a number = accuracy (slimserve-train: --best_metric) "
-        ">= it; <metric>:<number>; "
-        "'none' = always export." % (100 * AUTO_MARGIN, 100 * AUTO_BEST_FRACTION))
+from slimserve import conventions
+from slimserve import errors
+
+# The bar's syntax and constants are shared with the training config (conventions.py).
+AUTO = conventions.GATE_AUTO
+NONE = conventions.GATE_NONE
+AUTO_METRIC = conventions.GATE_AUTO_METRIC
+AUTO_MARGIN = conventions.GATE_AUTO_MARGIN
+AUTO_BEST_FRACTION = conventions.GATE_AUTO_BEST_FRACTION
+HELP = conventions.GATE_HELP  # the flag's help text, for slimserve-train and slimserve-export
+parse = conventions.parse_min_metric  # --export_min_metric -> (metric or AUTO, threshold)
+NOT_GATED = "--export_min_metric=none: not gated"
 
 
-class ExportRefused(ValueError):
+class ExportRefused(errors.UserError):
     """The evaluation does not clear --export_min_metric; the message says by how much."""
-
-
-def parse(spec, best_metric="accuracy"):
-    """--export_min_metric -> (metric or AUTO, threshold or None); raises ValueError."""
-    text = str(spec).strip().lower() if spec is not None else NONE
-    if text in (NONE, "", "off"):
-        return None, None
-    if text == AUTO:
-        return AUTO, None
-    metric, _, value = str(spec).strip().rpartition(":")
-    try:
-        threshold = float(value)
-    except ValueError:
-        raise ValueError("--export_min_metric must be 'auto', 'none', a number or "
-                         "<metric>:<number>, got %r" % spec) from None
-    return metric or best_metric, threshold
 
 
 def auto_metric(eval_result):
@@ -102,14 +87,14 @@ def check(eval_result, spec, best_metric="accuracy", num_classes=None, best_seen
     evaluation in this run (best_recorded), for the auto rule."""
     metric, threshold = parse(spec, best_metric)
     if metric is None:
-        return "--export_min_metric=none: not gated"
+        return NOT_GATED
     step = eval_result.get("global_step")
     at = " at step %d" % int(step) if step is not None else ""
     if metric == AUTO:
         return _check_auto(eval_result, num_classes, best_seen, at)
     if metric not in eval_result:
-        raise ValueError("--export_min_metric names %r, which is not an eval metric (have %s)"
-                         % (metric, sorted(eval_result)))
+        raise errors.UserError("--export_min_metric names %r, which is not an eval metric "
+                               "(have %s)" % (metric, sorted(eval_result)))
     value = float(eval_result[metric])
     if not value >= threshold:
         raise ExportRefused(
@@ -149,3 +134,30 @@ def recorded_eval(model_dir, step):
     if not found:
         return None
     return dict(found, global_step=step)
+
+
+def judge(model_dir, eval_result, spec, best_metric="accuracy", num_classes=None):
+    """The export gate, written once for the training exporters and slimserve-export: a
+    line saying why `eval_result` clears `spec` (--export_min_metric); ExportRefused, or
+    a UserError naming a metric the evaluation lacks, otherwise. The auto rule also
+    compares with the best evaluation the run in `model_dir` recorded."""
+    best_seen = None
+    if parse(spec, best_metric)[0] == AUTO:
+        best_seen = best_recorded(model_dir, auto_metric(eval_result))
+    return check(eval_result, spec, best_metric, num_classes, best_seen)
+
+
+def judge_checkpoint(model_dir, checkpoint, spec, num_classes, best_metric="accuracy"):
+    """judge() on the evaluation the run recorded for `checkpoint`'s global step
+    (slimserve-export trusts it rather than evaluating again); ExportRefused when that
+    step was never evaluated. Not gated: the checkpoint is not even read."""
+    if parse(spec, best_metric)[0] is None:
+        return NOT_GATED
+    step = int(tf.train.load_checkpoint(checkpoint).get_tensor("global_step"))
+    result = recorded_eval(model_dir, step)
+    if result is None:
+        raise ExportRefused(
+            "export refused: %s (step %d) was never evaluated; run slimserve-train "
+            "--mode=eval with the run's flags (--flagfile=%s/flags.txt) first, or pass "
+            "--export_min_metric=none" % (checkpoint, step, model_dir))
+    return judge(model_dir, result, spec, best_metric, num_classes)

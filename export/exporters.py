@@ -13,6 +13,7 @@ import os
 
 import tensorflow as tf
 
+from slimserve import errors
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
 from slimserve.export import blessing
@@ -101,13 +102,9 @@ class _SlimserveExporter(tf.estimator.Exporter):
 
     def _blessed(self, estimator, eval_result):
         """True when eval_result clears --export_min_metric; logs and records why not."""
-        best_seen = None
-        if blessing.parse(self._min_metric)[0] == blessing.AUTO:
-            best_seen = blessing.best_recorded(estimator.model_dir,
-                                               blessing.auto_metric(eval_result))
         try:
-            reason = blessing.check(eval_result, self._min_metric, self._best_metric,
-                                    estimator.params.get("num_classes"), best_seen)
+            reason = blessing.judge(estimator.model_dir, eval_result, self._min_metric,
+                                    self._best_metric, estimator.params.get("num_classes"))
         except blessing.ExportRefused as refused:
             self.refusal = str(refused)
             logging.warning("export/%s: %s", self._name, refused)
@@ -164,8 +161,8 @@ class BestExporter(_SlimserveExporter):
     def export(self, estimator, export_path, checkpoint_path, eval_result,
                is_the_final_export):
         if self._metric not in eval_result:
-            raise ValueError("--best_metric %r is not an eval metric (have %s)"
-                             % (self._metric, sorted(eval_result)))
+            raise errors.UserError("--best_metric %r is not an eval metric (have %s)"
+                                   % (self._metric, sorted(eval_result)))
         if self._best is None:
             self._best = self._previous_best(export_path)
         value = float(eval_result[self._metric])
@@ -192,3 +189,15 @@ def make_exporters(preprocess, data_dir, eval_split, exports_to_keep=3,
                      min_metric=min_metric, warmup_from=warmup_from),
     ]
 
+
+def for_training(config, preprocess):
+    """The exporters of a training run (estimator/training.py's `exporters_factory`):
+    make_exporters with the TrainConfig's export section. Called before training starts,
+    so a --warmup_from that names a folder or a bad --export_min_metric fails first."""
+    options = config.export
+    if options.warmup_from:
+        warmup.check_pattern(options.warmup_from)
+    return make_exporters(preprocess, config.data.data_dir, config.data.eval_split,
+                          options.exports_to_keep, options.best_metric, options.verify_export,
+                          min_metric=options.export_min_metric,
+                          warmup_from=options.warmup_from)

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from slimserve import compute
+from slimserve import errors as user_errors
 from slimserve.export import signatures
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
@@ -24,7 +25,7 @@ from slimserve.serving.core import servable as servable_lib
 REPORT_FILE = "export_verification.json"  # under the version's assets.extra
 
 
-class ExportVerificationError(RuntimeError):
+class ExportVerificationError(user_errors.UserError):
     """The export does not match what was trained; it is not published."""
 
 

@@ -16,6 +16,8 @@ import socket
 import shutil
 import time
 
+from slimserve import errors
+
 TEMP_PREFIX = ".tmp-"
 # A temporary directory untouched for this long belongs to an export that died.
 STALE_TEMP_SECONDS = 3600
@@ -169,8 +171,8 @@ def check_exports_to_keep(exports_to_keep):
     """`exports_to_keep` < 1 would keep everything (`[:-0]` is empty), so refuse it."""
     if isinstance(exports_to_keep, bool) or not isinstance(exports_to_keep, int) or \
             exports_to_keep < 1:
-        raise ValueError("exports_to_keep (--exports_to_keep) must be an integer >= 1, got %r"
-                         % (exports_to_keep,))
+        raise errors.UserError("exports_to_keep (--exports_to_keep) must be an integer >= 1, "
+                               "got %r" % (exports_to_keep,))
 
 
 def prune_versions(export_base, exports_to_keep):

@@ -14,8 +14,9 @@ from tensorflow_serving.apis import classification_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
-from slimserve.estimator import dataset
+from slimserve import errors
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.serving.observability import request_log
 
@@ -68,15 +69,15 @@ def requests_from_logs(logs, per_shape=1, max_records=MAX_RECORDS):
 
 
 def check_pattern(pattern, flag="--warmup_from"):
-    """The published log files `pattern` matches ([] for none yet); ValueError naming the
+    """The published log files `pattern` matches ([] for none yet); UserError naming the
     flag when it matches a folder (request logs are files: a folder is a mistaken
     pattern, which TFRecord reading would fail on with a traceback)."""
     matches = [f for f in tf.io.gfile.glob(pattern) if not f.rsplit("/", 1)[-1].startswith(".")]
     folders = [f for f in matches if tf.io.gfile.isdir(f)]
     if folders:
-        raise ValueError("%s=%s matches the folder %s; request logs are files: give a pattern "
-                         "of them, e.g. %s/<filename_prefix>*" % (
-                             flag, pattern, folders[0], folders[0].rstrip("/")))
+        raise errors.UserError("%s=%s matches the folder %s; request logs are files: give a "
+                               "pattern of them, e.g. %s/<filename_prefix>*" % (
+                                   flag, pattern, folders[0], folders[0].rstrip("/")))
     return matches
 
 
@@ -98,7 +99,7 @@ def traffic_warmup(pattern):
 def sample_images(data_dir=None, split=schema.VALIDATION, count=3, image_size=224, seed=0):
     """Encoded JPEGs: the first `count` of a split when given, else noise at model size."""
     if data_dir:
-        images, _ = dataset.read_images(data_dir, split, count)
+        images, _ = splits.read_images(data_dir, split, count)
         if images:
             return images
     rng = np.random.RandomState(seed)

@@ -32,12 +32,12 @@ def python(module, *args):
 def served_predictions(export_base, data_dir, server_args):
     """Starts the embedded server in-process and sends every validation image."""
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import schema
+    from slimserve.estimator import splits  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
 
     from slimserve.serving import server
-    images, labels = dataset.read_images(data_dir, schema.VALIDATION)
+    images, labels = splits.read_images(data_dir, schema.VALIDATION)
     instance = server.ModelServer(model_name="resnet", model_base_path=export_base, **server_args)
     instance.start()
     try:

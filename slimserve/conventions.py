@@ -9,6 +9,8 @@ three import this module.
 import os
 import re
 
+from slimserve import errors
+
 # --- tf.Example feature keys (slim / TF models convention) -----------------------------
 ENCODED = "image/encoded"
 FORMAT = "image/format"
@@ -62,11 +64,12 @@ def parse_labels(lines, source):
             continue
         key, sep, name = line.partition(":")
         if not sep or not key.strip().isdigit():
-            raise ValueError("%s:%d: expected 'id:name', got %r" % (source, number, line))
+            raise errors.UserError("%s:%d: expected 'id:name', got %r"
+                                   % (source, number, line))
         names[int(key)] = name
     if sorted(names) != list(range(len(names))):
-        raise ValueError("%s: label ids must be 0..N-1 without gaps, got %s"
-                         % (source, sorted(names)))
+        raise errors.UserError("%s: label ids must be 0..N-1 without gaps, got %s"
+                               % (source, sorted(names)))
     return [names[i] for i in range(len(names))]
 
 
@@ -89,3 +92,37 @@ LABELS_ASSET = LABELS_FILE              # assets/labels.txt of every export
 EXTRA_DIR = "assets.extra"
 # Where TF Serving looks for warmup records, relative to a version directory.
 WARMUP_PATH = os.path.join(EXTRA_DIR, "tf_serving_warmup_requests")
+
+
+# --- the export gate: --export_min_metric of slimserve-train and slimserve-export --------
+# Its syntax, help and the auto rule's constants, here because the training config
+# (estimator/, which never imports export/) states and checks the flag; export/blessing.py
+# applies the rule.
+GATE_AUTO = "auto"
+GATE_NONE = "none"
+GATE_AUTO_METRIC = "mean_per_class_accuracy"
+GATE_AUTO_MARGIN = 0.3
+GATE_AUTO_BEST_FRACTION = 0.9
+GATE_HELP = (
+    "Export only an evaluation that clears this bar: 'auto' = mean_per_class_accuracy "
+    "above chance 1/C by %d%% of the way to 1 (0.37 for 10 classes) and at least %d%% of "
+    "the best this run has evaluated; a number = accuracy (slimserve-train: --best_metric) "
+    ">= it; <metric>:<number>; "
+    "'none' = always export." % (100 * GATE_AUTO_MARGIN, 100 * GATE_AUTO_BEST_FRACTION))
+
+
+def parse_min_metric(spec, best_metric="accuracy"):
+    """--export_min_metric -> (metric or GATE_AUTO, threshold or None), (None, None) for
+    no gate; a UserError naming the flag for anything else."""
+    text = str(spec).strip().lower() if spec is not None else GATE_NONE
+    if text in (GATE_NONE, "", "off"):
+        return None, None
+    if text == GATE_AUTO:
+        return GATE_AUTO, None
+    metric, _, value = str(spec).strip().rpartition(":")
+    try:
+        threshold = float(value)
+    except ValueError:
+        raise errors.UserError("--export_min_metric must be 'auto', 'none', a number or "
+                               "<metric>:<number>, got %r" % spec) from None
+    return metric or best_metric, threshold

@@ -66,20 +66,31 @@ def writing(path, what=None):
         raise UserError("%s: %s" % (where, reason)) from None
 
 
+# The system's words for an OSError about the place, as TensorFlow's file errors quote them
+# (after the file's path, on whichever line of the message names the failed write).
+_PLACE_REASONS = ("No space left on device", "Disk quota exceeded", "Read-only file system",
+                  "Permission denied", "No such file or directory", "Not a directory")
+
+
 def _tensorflow_file_error(error):
-    """The first line of a TensorFlow file-system error that is about the place (disk
-    full, permission, missing or read-only path), or None. Matched by class name, so this
+    """A line saying why a TensorFlow file-system error is about the place (disk full,
+    permission, missing or read-only path), or None. Matched by class name, so this
     module does not import TensorFlow; an out-of-memory ResourceExhaustedError is not
-    about a path and is left alone."""
+    about a path and is left alone. A graph op's error (a SaveV2 that ran out of space)
+    starts "Graph execution error:" and names the reason on a later line: the reason is
+    looked for in the whole message."""
     if not type(error).__module__.startswith("tensorflow"):
         return None
-    lines = str(getattr(error, "message", "") or error).strip().splitlines()
-    text = lines[0] if lines else type(error).__name__
+    message = str(getattr(error, "message", "") or error).strip()
+    lines = message.splitlines()
+    first = lines[0] if lines else type(error).__name__
+    reason = next((r for r in _PLACE_REASONS if r in message), None)
     name = type(error).__name__
-    if name == "PermissionDeniedError" or (
-            name == "ResourceExhaustedError" and "space" in text.lower()):
-        return text
-    if name in ("NotFoundError", "FailedPreconditionError") and any(
-            hint in text for hint in ("No such file", "Read-only", "Not a directory")):
-        return text
+    if name == "ResourceExhaustedError":
+        return reason if reason in _PLACE_REASONS[:2] else None
+    if name == "PermissionDeniedError":
+        return first if reason and reason in first else (reason or first)
+    if name in ("NotFoundError", "FailedPreconditionError", "UnknownError",
+                "InternalError") and reason:
+        return first if reason in first else reason
     return None

@@ -197,6 +197,7 @@ def define_flags(cls, flag_values=None, module_name=None):
     main module's flags, would not show them)."""
     from absl import flags  # pylint: disable=import-outside-toplevel
     flag_values = flags.FLAGS if flag_values is None else flag_values
+    owner = {} if module_name is None else {"module_name": module_name}
     for _, field in walk(cls):
         name, kind, default = flag_name(field), field.metadata["kind"], field.default
         text = help_text(field)
@@ -206,14 +207,14 @@ def define_flags(cls, flag_values=None, module_name=None):
                                       text, flag_values=flag_values)
         elif kind is list:
             flags.DEFINE_list(name, list(default) if default is not None else None, text,
-                              flag_values=flag_values, module_name=module_name)
+                              flag_values=flag_values, **owner)
         elif choices:
             flags.DEFINE_enum(name, default, list(choices), text, flag_values=flag_values,
-                              module_name=module_name)
+                              **owner)
         else:
             definer = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
                        float: flags.DEFINE_float, str: flags.DEFINE_string}[kind]
-            definer(name, default, text, flag_values=flag_values, module_name=module_name)
+            definer(name, default, text, flag_values=flag_values, **owner)
         if field.metadata.get("bound") is not None:
             flags.register_validator(
                 name, lambda value, f=field: violation(f, _converted(f, value)) is None,

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slimserve.estimator import dataset
 from slimserve.estimator import run_config
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 from slimserve.export import signatures
 from tests.helpers import ROOT
 
@@ -51,7 +51,7 @@ print(json.dumps(out))
 
 
 def _validation_images(data_dir, count):
-    return dataset.read_images(data_dir, schema.VALIDATION, count)[0]
+    return splits.read_images(data_dir, schema.VALIDATION, count)[0]
 
 
 def _predict(export_dir, precision, images):

@@ -21,6 +21,7 @@ import pytest
 from slimserve.estimator import dataset
 from slimserve.estimator import image_files
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,7 +41,7 @@ def _class_tree(root, digits_dir, classes, count=3):
 
 def _records(data_dir, split):
     out = []
-    for example in dataset.read_examples(data_dir, split):
+    for example in splits.read_examples(data_dir, split):
         feature = example.features.feature
         out.append((feature[schema.LABEL].int64_list.value[0],
                     feature[schema.TEXT].bytes_list.value[0].decode(),
@@ -188,6 +189,7 @@ def test_no_usable_image_at_all_fails_and_publishes_nothing(tmp_path):
 _BUILD_SCRIPT = textwrap.dedent("""
     import json, sys
     from slimserve.estimator import dataset
+    from slimserve.estimator import splits
     infos = [dataset.build_dataset(source, out, 0.0, train_shards=1, num_workers=1,
                                    max_file_bytes=int(sys.argv[3]), show_progress=False)
              for source, out in (sys.argv[1].split("|"), sys.argv[2].split("|"))]

@@ -21,6 +21,7 @@ from PIL import Image, ImageCms
 from slimserve.estimator import dataset
 from slimserve.estimator import image_files
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 
 _RNG = np.random.RandomState(7)
 _RGB = _RNG.randint(0, 256, (23, 31, 3), np.uint8)
@@ -249,7 +250,7 @@ def test_built_records_decode_to_the_served_pixels(tmp_path, digits_dir):
     dataset.build_dataset(str(source), out, 0.0, train_shards=1, show_progress=False)
     files = {"grey16.png": "a", "clear.png": "b"}
     seen = set()
-    for example in dataset.read_examples(out, "train"):
+    for example in splits.read_examples(out, "train"):
         feature = example.features.feature
         name = feature[schema.FILENAME].bytes_list.value[0].decode()
         if name in files:

@@ -11,10 +11,11 @@ from PIL import Image
 
 from slimserve.estimator import dataset
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 
 
 def _records(data_dir, split):
-    return dataset.read_examples(data_dir, split)
+    return splits.read_examples(data_dir, split)
 
 
 def test_digits_round_trip_counts_and_labels(digits_dir, digits_data):

@@ -9,19 +9,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slimserve.estimator import dataset
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.export import writer
 from slimserve.serving.core import servable as servable_lib
+from slimserve.testing.commands import run_command
 
 CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
 
 def _validation_examples(data_dir, count):
-    return dataset.read_examples(data_dir, "validation", count)
+    return splits.read_examples(data_dir, "validation", count)
 
 
 def _encoded(example):
@@ -182,7 +183,7 @@ def test_export_cli_publishes_atomically_and_rejects_a_failed_verification(
 
 
 def test_export_cli_names_a_missing_run(tmp_path):
-    from tests.helpers import run_cli  # pylint: disable=import-outside-toplevel
-    out = run_cli("slimserve.cli.export", "--model_dir", tmp_path, check=False)
-    assert out.returncode != 0
-    assert "slimserve.json not found" in out.stderr
+    out = run_command("slimserve.cli.export", "--model_dir", tmp_path)
+    assert out.code == 1
+    assert out.stderr == "slimserve-export: %s not found: the model_dir must be a " \
+        "slimserve-train run\n" % (tmp_path / "slimserve.json")

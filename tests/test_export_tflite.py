@@ -13,9 +13,9 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from slimserve.estimator import dataset
 from slimserve.estimator import preprocessing
 from slimserve.estimator import run_files
+from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.export import tflite
 from slimserve.export import verify
@@ -36,7 +36,7 @@ def tflite_export(trained_run, tmp_path_factory):
 
 def _validation_pixels(trained_run, digits_data, count=48):
     spec = preprocessing.Spec.from_dict(run_files.read(trained_run)["serving"])
-    images, _ = dataset.read_images(digits_data, "validation", count)
+    images, _ = splits.read_images(digits_data, "validation", count)
     return np.stack([preprocessing.decode_eval_pixels(
         encoded, spec.image_size, spec.style, spec.central_fraction).numpy()
         for encoded in images])
@@ -130,7 +130,7 @@ def test_a_tflite_model_that_disagrees_fails_the_parity_check(tflite_export, tra
             model.buffers[tensor.buffer].data = noise.view(np.uint8)
     flatbuffer_utils.write_model(model, path)
     spec = preprocessing.Spec.from_dict(run_files.read(trained_run)["serving"])
-    images, _ = dataset.read_images(digits_data, "validation", 48)
+    images, _ = splits.read_images(digits_data, "validation", 48)
     with pytest.raises(verify.ExportVerificationError, match="below --tflite_min_agreement"):
         tflite.check_parity(copy, images, spec, 0.99)
     recorded = tflite.read_parity(copy)

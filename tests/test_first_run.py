@@ -2,7 +2,6 @@
 user makes get an error naming the fix (before anything is written), the defaults fit
 the run, and the export gate refuses a model that has barely learnt.
 """
-import json
 import os
 import re
 import subprocess
@@ -11,10 +10,14 @@ from concurrent import futures
 
 import pytest
 
+from slimserve import fields
 from slimserve.estimator import model
+from slimserve.estimator import train_config
 from slimserve.export import blessing
+from slimserve.testing import commands
 from slimserve.testing import slim_checkpoints
-from tests.helpers import IMAGE_SIZE, ROOT, run_cli
+from slimserve.testing.commands import run_command
+from tests.helpers import IMAGE_SIZE, ROOT
 
 
 def console_scripts():
@@ -69,18 +72,18 @@ def test_help_of_every_console_script_lists_its_own_flags():
 
 def test_data_dir_of_images_or_of_nothing_says_run_slimserve_convert(digits_dir, tmp_path):
     model_dir = tmp_path / "run"
-    images = run_cli("slimserve.cli.train", "--data_dir", digits_dir, "--model_dir",
-                     model_dir, "--max_steps", 1, check=False)
-    assert images.returncode != 0
+    images = run_command("slimserve.cli.train", "--data_dir", digits_dir, "--model_dir",
+                         model_dir, "--max_steps", 1)
+    assert images.code == 1
     assert ("slimserve-train: --data_dir %s holds images (e.g. %s" % (digits_dir, digits_dir)
             in images.stderr), images.stderr[-2000:]
     assert "run slimserve-convert --input=%s --output_dir=" % digits_dir in images.stderr
     assert "--labels_file" not in images.stderr and "Traceback" not in images.stderr
 
     missing = str(tmp_path / "no_such_dir")
-    nothing = run_cli("slimserve.cli.train", "--data_dir", missing, "--model_dir",
-                      model_dir, "--max_steps", 1, check=False)
-    assert nothing.returncode != 0
+    nothing = run_command("slimserve.cli.train", "--data_dir", missing, "--model_dir",
+                          model_dir, "--max_steps", 1)
+    assert nothing.code == 1
     assert "--data_dir %s does not exist" % missing in nothing.stderr, nothing.stderr[-2000:]
     assert "run slimserve-convert --input=<your image folder> --output_dir=%s" % missing \
         in nothing.stderr
@@ -88,8 +91,9 @@ def test_data_dir_of_images_or_of_nothing_says_run_slimserve_convert(digits_dir,
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    blank = run_cli("slimserve.cli.train", "--data_dir", empty, "--model_dir", model_dir,
-                    "--max_steps", 1, check=False)
+    blank = run_command("slimserve.cli.train", "--data_dir", empty, "--model_dir", model_dir,
+                        "--max_steps", 1)
+    assert blank.code == 1
     assert "--data_dir %s holds no data set" % empty in blank.stderr, blank.stderr[-2000:]
     assert "slimserve-convert" in blank.stderr
     assert not os.path.exists(model_dir)  # nothing written for any of the three
@@ -100,10 +104,11 @@ def test_checkpoint_of_another_net_names_its_model_name_before_writing(digits_da
     other = slim_checkpoints.make_imagenet_style_checkpoint(str(tmp_path / "v2"),
                                                             model_name="resnet_v2_50")
     model_dir = tmp_path / "run"
-    out = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
-                  "--image_size", IMAGE_SIZE, "--max_steps", 1, "--checkpoint_path", other,
-                  "--checkpoint_exclude_scopes", "resnet_v1_50/logits", check=False)
-    assert out.returncode != 0
+    out = run_command("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
+                      model_dir, "--image_size", IMAGE_SIZE, "--max_steps", 1,
+                      "--checkpoint_path", other, "--checkpoint_exclude_scopes",
+                      "resnet_v1_50/logits")
+    assert out.code == 1
     assert ("slimserve-train: --checkpoint_path %s is a resnet_v2_50 checkpoint (its variables "
             "are under resnet_v2_50/) but --model_name=resnet_v1_50: pass "
             "--model_name=resnet_v2_50 (and --checkpoint_exclude_scopes=resnet_v2_50/logits"
@@ -114,33 +119,27 @@ def test_checkpoint_of_another_net_names_its_model_name_before_writing(digits_da
     assert "warm start" not in out.stderr and "Traceback" not in out.stderr
 
 
-_DEFAULTS = """
-import json, sys
-from absl import flags
-from slimserve.cli import train
-result = []
-for case in sys.argv[1:]:
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["train", "--data_dir=d", "--model_dir=m"] + case.split())
-    result.append(train.derived_defaults()[0])
-print(json.dumps(result))
-"""
+def _derived(*args):
+    """TrainConfig.derived_defaults() of slimserve-train's command line `args`."""
+    values = commands.flag_values("slimserve.cli.train")
+    values(["slimserve-train", "--data_dir=d", "--model_dir=m"] + list(args))
+    return fields.from_flags(train_config.TrainConfig, values).derived_defaults()[0]
 
 
 def test_unset_epsilon_and_batch_norm_decay_follow_the_optimizer_and_run_length():
-    cases = ["--optimizer=adam --max_steps=300", "--optimizer=rmsprop --max_steps=5000",
-             "--optimizer=adam --opt_epsilon=0.5 --batch_norm_decay=0.99 --decay_steps=7",
-             "--max_steps=50"]
-    out = subprocess.run([sys.executable, "-c", _DEFAULTS] + cases, capture_output=True,
-                         text=True, cwd=ROOT, check=True, timeout=300)
-    adam, rmsprop, given, short = json.loads(out.stdout.strip().splitlines()[-1])
-    assert adam == {"opt_epsilon": 1e-8, "batch_norm_decay": 0.9667, "decay_steps": 300}
-    assert rmsprop == {"opt_epsilon": 1.0, "batch_norm_decay": 0.997, "decay_steps": 5000}
-    assert given == {}  # a flag given on the command line always wins
-    assert short == {"batch_norm_decay": 0.9, "decay_steps": 50}  # momentum: no epsilon
-    # A library user's ModelConfig gets the optimizer's epsilon too.
+    assert _derived("--optimizer=adam", "--max_steps=300") == {
+        "opt_epsilon": 1e-8, "batch_norm_decay": 0.9667, "decay_steps": 300}
+    assert _derived("--optimizer=rmsprop", "--max_steps=5000") == {
+        "opt_epsilon": 1.0, "batch_norm_decay": 0.997, "decay_steps": 5000}
+    # A flag given on the command line always wins.
+    assert _derived("--optimizer=adam", "--opt_epsilon=0.5", "--batch_norm_decay=0.99",
+                    "--decay_steps=7") == {}
+    # momentum: no epsilon
+    assert _derived("--max_steps=50") == {"batch_norm_decay": 0.9, "decay_steps": 50}
+    # A library user's ModelConfig gets the optimizer's epsilon when the graph is built.
     assert model.default_opt_epsilon("adam") == 1e-8
     assert model.ModelConfig(optimizer="adam").opt_epsilon is None
+    assert model.ModelConfig(optimizer="adam").resolved().opt_epsilon == 1e-8
 
 
 def test_auto_gate_refuses_a_barely_trained_model_and_states_the_rule():

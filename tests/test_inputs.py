@@ -10,6 +10,7 @@ from slimserve.estimator import dataset
 from slimserve.estimator import inputs
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 
 
 def _config(style=preprocessing.VGG, **overrides):
@@ -27,7 +28,7 @@ def _labels(input_fn, batches=None):
 
 
 def test_eval_pass_returns_every_example_in_a_fixed_order(digits_data):
-    expected = dataset.read_images(digits_data, "validation")[1]
+    expected = splits.read_images(digits_data, "validation")[1]
     input_fn = inputs.make_input_fn(digits_data, "validation", False, _config())
     first, second = _labels(input_fn), _labels(input_fn)
     assert first.tolist() == second.tolist()  # deterministic interleave
@@ -79,10 +80,10 @@ def test_training_drops_remainder_and_repeats(digits_data):
 
 def _copy_shards(source, target, split="validation"):
     os.makedirs(target, exist_ok=True)
-    for path in dataset.split_files(source, split):
+    for path in splits.split_files(source, split):
         shutil.copy(path, target)
     shutil.copy(os.path.join(source, schema.INFO_FILE), target)
-    return dataset.split_files(target, split)
+    return splits.split_files(target, split)
 
 
 def test_truncated_shard_is_an_error_naming_the_file(tmp_path, digits_data):

@@ -126,9 +126,11 @@ def command_flags():
     when it is built on one; each module is imported in its own interpreter (two commands
     may define a flag of the same name), all at once."""
     modules = set(console_scripts().values())
-    code = ("import json, %s as command\nfrom absl import flags\nfrom slimserve import fields\n"
-            "names = set(flags.FLAGS) | set(fields.flags_of(command.CONFIG)\n"
-            "    if hasattr(command, 'CONFIG') else ())\nprint(json.dumps(sorted(names)))")
+    code = ("import importlib, json\nfrom absl import flags\nfrom slimserve import fields\n"
+            "command = importlib.import_module(%r)\n"
+            "if hasattr(command, 'CONFIG'):  # flags defined from its config class\n"
+            "    fields.define_flags(command.CONFIG)\n"
+            "print(json.dumps(sorted(flags.FLAGS)))")
     processes = {module: subprocess.Popen([sys.executable, "-c", code % module], cwd=ROOT,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)
@@ -321,9 +323,12 @@ def test_training_flags_configmap_copies_the_recipe_and_cluster_files():
 
 def test_training_flagfiles_parse_as_slimserve_train_reads_them(tmp_path):
     """Each training container's command line, its flagfiles written out as mounted,
-    parsed by slimserve-train's own flags (types, bounds, validators)."""
-    code = ("import json, sys\nimport slimserve.cli.train\nfrom absl import flags\n"
+    parsed by slimserve-train's own flags (types, bounds, validators) and its TrainConfig's
+    rules."""
+    code = ("import json, sys\nfrom absl import flags\nfrom slimserve import fields\n"
+            "from slimserve.cli import train\nfields.define_flags(train.CONFIG)\n"
             "flags.FLAGS(['slimserve-train'] + sys.argv[1:])\n"
+            "fields.from_flags(train.CONFIG).validate()\n"
             "print(json.dumps({n: flags.FLAGS[n].value for n in "
             "('data_dir', 'model_dir', 'checkpoint_path', 'mode', 'optimizer')}))")
     lines = set()

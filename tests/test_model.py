@@ -8,6 +8,7 @@ import tensorflow as tf
 from slimserve.estimator import inputs
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
+from slimserve.estimator import warm_start
 from slimserve.testing import slim_checkpoints
 
 HEAD = "resnet_v1_50/logits"
@@ -61,7 +62,7 @@ def test_warm_start_restores_every_variable_including_bn_statistics(imagenet_che
 
 
 def test_head_shape_mismatch_names_the_variable_and_shapes(imagenet_checkpoint):
-    with pytest.raises(model.WarmStartError,
+    with pytest.raises(warm_start.WarmStartError,
                        match=r"resnet_v1_50/logits/(weights|biases).*\[.*1000\].*\[.*10\]"):
         _build_train_graph(_config(imagenet_checkpoint, checkpoint_exclude_scopes=[]))
 
@@ -69,7 +70,7 @@ def test_head_shape_mismatch_names_the_variable_and_shapes(imagenet_checkpoint):
 def test_missing_variables_fail_unless_ignored(tmp_path):
     partial = slim_checkpoints.make_imagenet_style_checkpoint(
         str(tmp_path), drop_scopes=["resnet_v1_50/block4"])
-    with pytest.raises(model.WarmStartError, match="not in .*block4|block4.*ignore_missing"):
+    with pytest.raises(warm_start.WarmStartError, match="not in .*block4|block4.*ignore_missing"):
         _build_train_graph(_config(partial))
     _build_train_graph(_config(partial, ignore_missing_vars=True))
 

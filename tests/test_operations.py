@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import logging_config_pb2
 
-from slimserve.estimator import dataset
+from slimserve.estimator import splits
 from slimserve.export import warmup
 from slimserve.serving.config import messages
 from slimserve.serving.core import batching
@@ -53,7 +53,7 @@ def test_logged_traffic_of_both_apis_builds_the_next_versions_warmup(
     prefix = str(tmp_path / "logs" / "resnet")
     server = serve_in_process(
         [model_config.ServedModel("resnet", str(base), logging_config=_logging_config(prefix))])
-    images, _ = dataset.read_images(digits_data, "validation", 6)
+    images, _ = splits.read_images(digits_data, "validation", 6)
     try:
         client = client_lib.Client("127.0.0.1:%d" % server.port, retries=0)
         client.predict_images(images[:1])           # one image

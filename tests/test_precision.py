@@ -11,8 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from slimserve import cpu
-from slimserve.estimator import dataset
 from slimserve.estimator import schema
+from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.serving import options as options_lib
@@ -49,7 +49,7 @@ def _runtime_lines(server):
 def _bfloat16_agreement(export_dir, digits_data):
     """Serves the export in float32 and in bfloat16 and sends every validation image to
     both -> (argmax agreement, max |dp|); checks each server's model_runtime metric."""
-    images = dataset.read_images(digits_data, schema.VALIDATION, 10000)[0]
+    images = splits.read_images(digits_data, schema.VALIDATION, 10000)[0]
     base = os.path.dirname(export_dir)
     served = {}
     for precision in ("", session_lib.BFLOAT16):
@@ -105,7 +105,7 @@ def _xla_ops(servable, signature_name, feeds):
 
 
 def test_xla_compiles_the_served_graph(export_dir, digits_data):
-    images = dataset.read_images(digits_data, schema.VALIDATION, 16)[0]
+    images = splits.read_images(digits_data, schema.VALIDATION, 16)[0]
     base = os.path.dirname(export_dir)
     pixels = np.random.RandomState(0).uniform(0, 255, [2, 32, 32, 3]).astype(np.float32)
     answers = {}
@@ -137,7 +137,7 @@ def test_export_verification_records_bfloat16_parity(export_dir, digits_data):
     assert report["max_abs_probability_diff"] < 1e-5
     assert report["bf16_images"] > 0 and 0.5 <= report["bf16_argmax_agreement"] <= 1.0
     assert 0 < report["bf16_max_abs_probability_diff"] < 0.5
-    images = dataset.read_images(digits_data, schema.VALIDATION, 10000)[0]
+    images = splits.read_images(digits_data, schema.VALIDATION, 10000)[0]
     reference = servable_lib.Servable("reference", 0, export_dir)
     try:
         sig = reference.signatures[signatures.DEFAULT]

@@ -20,7 +20,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from slimserve.estimator import dataset
+from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.serving.config import messages
@@ -33,7 +33,7 @@ from tests.helpers import start_server_process
 
 
 def _images(data_dir, count):
-    return dataset.read_images(data_dir, "validation", count)[0]
+    return splits.read_images(data_dir, "validation", count)[0]
 
 
 @pytest.fixture(scope="module")

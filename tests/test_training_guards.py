@@ -14,14 +14,20 @@ import sys
 
 import pytest
 import tensorflow as tf
+from absl import flags
 
+from slimserve import errors
+from slimserve import fields
 from slimserve.estimator import checkpoints
 from slimserve.estimator import guards
 from slimserve.estimator import model
 from slimserve.estimator import nets
 from slimserve.estimator import run_lock
+from slimserve.estimator import train_config
+from slimserve.testing import commands
 from slimserve.testing import slim_checkpoints
-from tests.helpers import IMAGE_SIZE, ROOT, run_cli
+from slimserve.testing.commands import run_command
+from tests.helpers import IMAGE_SIZE, run_cli
 
 # Real training runs (about two minutes together): part of `make test`, not of the quick loop.
 pytestmark = pytest.mark.slow
@@ -75,8 +81,8 @@ def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(di
                       model_dir, *TINY, "--mode", "eval", "--verbosity", 1, check=False)
     assert "Using config" in verbose.stderr and "Saving dict for global step 10" in \
         verbose.stderr, verbose.stderr[-3000:]
-    manual = run_cli("slimserve.cli.export", "--model_dir", model_dir, check=False)
-    assert manual.returncode != 0
+    manual = run_command("slimserve.cli.export", "--model_dir", model_dir)
+    assert manual.code == 1
     assert "slimserve-export: export refused: eval mean_per_class_accuracy" in manual.stderr
     assert not os.path.exists(os.path.join(model_dir, "export", "manual"))
 
@@ -126,9 +132,9 @@ def test_truncated_newest_checkpoint_resumes_from_the_newest_intact_one(
 def test_resuming_a_five_class_checkpoint_on_ten_classes_names_the_head(digits_data, tmp_path):
     model_dir = tmp_path / "five"
     checkpoint = slim_checkpoints.make_imagenet_style_checkpoint(str(model_dir), num_classes=5)
-    out = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
-                  *TINY, "--max_steps", 1, check=False)
-    assert out.returncode != 0
+    out = run_command("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
+                      model_dir, *TINY, "--max_steps", 1)
+    assert out.code == 1
     assert ("slimserve-train: %s has a 5-class head (resnet_v1_50/logits/weights is "
             "[1, 1, 2048, 5]) but the labels in %s name 10 classes"
             % (checkpoint, os.path.join(digits_data, "labels.txt"))) in out.stderr
@@ -173,35 +179,42 @@ def test_stale_lock_is_taken_over_and_another_hosts_lock_needs_force(tmp_path, c
     assert not os.path.exists(os.path.join(model_dir, run_lock.LOCK_FILE))
 
 
-_PARSE = """
-import sys
-from absl import flags
-import slimserve.cli.train  # noqa: F401  defines the flags
-for case in sys.argv[1:]:
-    flags.FLAGS.unparse_flags()
+def _refusal(*args):
+    """Why slimserve-train refuses its command line `args` before it runs (the flag
+    parser's validators, then TrainConfig.validate), or None."""
+    values = commands.flag_values("slimserve.cli.train")
     try:
-        flags.FLAGS(["train", "--data_dir=d", "--model_dir=m"] + case.split())
-        print("ACCEPTED", case)
-    except flags.Error as error:
-        print("REFUSED", error)
-"""
+        values(["slimserve-train", "--data_dir=d", "--model_dir=m"] + list(args))
+        fields.from_flags(train_config.TrainConfig, values).validate()
+    except (flags.Error, errors.UserError) as error:
+        return str(error)
+    return None
 
 
-def test_out_of_range_flags_are_refused_up_front_naming_the_flag():
+def test_out_of_range_flags_are_refused_up_front_naming_the_flag(tmp_path):
     cases = ["--image_size=0", "--decay_steps=0", "--batch_size=0", "--max_steps=0",
              "--min_crop_area=0.9 --max_crop_area=0.5", "--label_smoothing=1.5",
-             "--eval_central_fraction=0", "--export_min_metric=most", "--image_size=32"]
-    out = subprocess.run([sys.executable, "-c", _PARSE] + cases, capture_output=True,
-                         text=True, cwd=ROOT, check=True, timeout=300).stdout.splitlines()
-    assert len(out) == len(cases), out
-    for case, line in zip(cases[:-1], out):
-        assert line.startswith("REFUSED"), line
-        assert case.split()[0].split("=")[0].lstrip("-") in line, line
-    assert out[-1] == "ACCEPTED --image_size=32"
+             "--eval_central_fraction=0", "--export_min_metric=most",
+             "--min_aspect_ratio=2 --max_aspect_ratio=1", "--max_loss_factor=0.5",
+             "--boundaries=10,5 --learning_rate_schedule=piecewise --boundary_values=1,2,3",
+             "--boundaries=ten"]
+    for case in cases:
+        refusal = _refusal(*case.split())
+        assert refusal is not None, case
+        assert "--" + case.split()[0].split("=")[0].lstrip("-") in refusal, (case, refusal)
+    assert _refusal("--image_size=32", "--max_loss_factor=0") is None
+    # The command says it in one line and writes nothing.
+    out = run_command("slimserve.cli.train", "--data_dir", tmp_path / "data", "--model_dir",
+                      tmp_path / "run", "--min_crop_area=0.9", "--max_crop_area=0.5")
+    assert (out.code, out.stderr) == (1, "slimserve-train: --min_crop_area must be <= "
+                                         "--max_crop_area, got 0.9 > 0.5\n")
+    assert not (tmp_path / "run").exists()
     # Library users get the same check from ModelConfig.validate(), naming the flag.
-    with pytest.raises(ValueError, match="--decay_steps must be > 0"):
+    with pytest.raises(errors.UserError, match="--decay_steps must be > 0"):
         model.ModelConfig(learning_rate_schedule="cosine", decay_steps=0).validate()
-    with pytest.raises(ValueError, match="--image_size must be > 0"):
+    with pytest.raises(errors.UserError, match="--decay_steps must be given"):
+        model.ModelConfig(learning_rate_schedule="cosine").validate()
+    with pytest.raises(errors.UserError, match="--image_size must be > 0"):
         nets.preprocessing_spec("resnet_v1_50", image_size=0)
 
 

@@ -1,0 +1,118 @@
+"""The flags of slimserve-train, -export and -convert are their config objects: the flags a
+command really defines have its fields' names, defaults and help (nothing written twice,
+no flags.DEFINE_ left in the command), every bound refuses what it says, naming the flag,
+and a run's flags.txt and the repository's flagfiles give their configs back."""
+import glob
+import importlib
+import inspect
+import math
+import os
+
+import pytest
+from absl import flags
+
+from slimserve import errors
+from slimserve import fields
+from slimserve.estimator import train_config
+from slimserve.testing import commands
+from tests.helpers import ROOT
+
+COMMANDS = ("slimserve.cli.train", "slimserve.cli.export", "slimserve.cli.convert")
+# What each command requires, so the other flags can be tried one at a time.
+REQUIRED = {"slimserve.cli.train": ["--data_dir=d", "--model_dir=m"],
+            "slimserve.cli.export": ["--model_dir=m"],
+            "slimserve.cli.convert": ["--input=i", "--output_dir=o"]}
+
+
+def _help(flag):
+    """absl's help of a flag without the `<a|b|c>: ` it puts before an enum's help."""
+    if isinstance(flag.parser, flags.EnumParser):
+        prefix = "<%s>: " % "|".join(flag.parser.enum_values)
+        assert flag.help.startswith(prefix), flag.help
+        return flag.help[len(prefix):]
+    return flag.help
+
+
+@pytest.mark.parametrize("module_name", COMMANDS)
+def test_flags_defined_are_the_config_fields(module_name):
+    module = importlib.import_module(module_name)
+    defined = commands.flag_values(module_name)
+    expected = fields.flags_of(module.CONFIG)
+    assert sorted(defined) == sorted(expected)
+    for name, (default, help_text) in expected.items():
+        assert defined[name].default == default, name
+        assert _help(defined[name]) == help_text, name
+    source = inspect.getsource(module)
+    assert "DEFINE_" not in source and "FLAGS" not in source
+    # Importing the command defined nothing; its flags exist only once it runs.
+    assert module_name not in flags.FLAGS.flags_by_module_dict()
+
+
+@pytest.mark.parametrize("module_name", COMMANDS)
+def test_every_bound_refuses_zero_minus_one_and_nan_where_it_says_naming_the_flag(
+        module_name):
+    """Each bounded field, given 0, -1 and NaN (floats) on the command line: refused by
+    the flag parser with a message naming the flag exactly when its bound says so."""
+    config = importlib.import_module(module_name).CONFIG
+    refused = 0
+    for _, field in fields.walk(config):
+        bound = field.metadata.get("bound")
+        if bound is None:
+            continue
+        name = fields.flag_name(field)
+        values = [0, -1] + ([math.nan] if field.metadata["kind"] is float else [])
+        for value in values:
+            parser = commands.flag_values(module_name)
+            argv = ["command"] + REQUIRED[module_name] + ["--%s=%s" % (name, value)]
+            if bound.accepts(value):
+                parser(argv)
+                continue
+            with pytest.raises(flags.IllegalFlagValueError) as error:
+                parser(argv)
+            assert "--%s must be %s" % (name, bound.rule) in str(error.value)
+            refused += 1
+    assert refused >= 3  # the test tried something a bound refuses
+
+
+def test_train_config_bounds_hold_for_library_users_too():
+    """A TrainConfig built in code is checked by the same bounds (fields.check), naming
+    the flag; the derived values stay unset until the run fills them."""
+    config = train_config.TrainConfig()
+    config.data.data_dir, config.run.model_dir = "d", "m"
+    assert config.validate() is config
+    for section, name, value in (("input", "batch_size", 0), ("model", "learning_rate", -1.0),
+                                 ("model", "label_smoothing", math.nan),
+                                 ("run", "max_steps", 0), ("guards", "max_loss_factor", 0.5)):
+        broken = train_config.TrainConfig()
+        broken.data.data_dir, broken.run.model_dir = "d", "m"
+        setattr(getattr(broken, section), name, value)
+        with pytest.raises(errors.UserError, match="^--%s must be " % name):
+            broken.validate()
+    with pytest.raises(errors.UserError, match="--data_dir is required"):
+        train_config.TrainConfig().validate()
+
+
+def _train_config(*args):
+    values = commands.flag_values("slimserve.cli.train")
+    values(["slimserve-train"] + [str(a) for a in args])
+    return fields.from_flags(train_config.TrainConfig, values).validate()
+
+
+def test_flags_txt_gives_the_run_config_back(tmp_path):
+    config = _train_config("--data_dir=d", "--model_dir=m", "--optimizer=adam",
+                           "--checkpoint_exclude_scopes=resnet_v1_50/logits,x",
+                           "--boundaries=10,20", "--boundary_values=1,0.5,0.1",
+                           "--learning_rate_schedule=piecewise", "--norandom_flip",
+                           "--min_aspect_ratio=0.7", "--cache=", "--max_loss_factor=0")
+    flagfile = tmp_path / "flags.txt"
+    flagfile.write_text(config.flagfile_text())
+    assert _train_config("--flagfile=%s" % flagfile) == config
+    # Unset values stay unset, so they are derived again (and a later flag still wins).
+    assert "--opt_epsilon" not in flagfile.read_text()
+    assert _train_config("--flagfile=%s" % flagfile, "--mode=eval").run.mode == "eval"
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.flags"))))
+def test_repository_flagfiles_are_valid_train_configs(path):
+    config = _train_config("--flagfile=%s" % path, "--data_dir=d", "--model_dir=m")
+    assert config.model.model_name
