@@ -49,7 +49,7 @@ def test_load_reports_its_steady_part_apart_from_the_drain(tmp_path):
     from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import loadtest  # pylint: disable=import-outside-toplevel
     from slimserve.testing import tiny_models  # pylint: disable=import-outside-toplevel
-    from tests.helpers import serve_in_process  # pylint: disable=import-outside-toplevel
+    from slimserve.testing.servers import serve_in_process  # pylint: disable=import-outside-toplevel
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base)
     server = serve_in_process(

@@ -71,7 +71,7 @@ def test_an_open_file_is_hidden_until_its_age_closes_it(tmp_path):
     logger = request_log.RequestLogger(prefix, 1.0, max_file_seconds=0.3)
     request, response = _predict([[1.0, 2.0]])
     logger.maybe_log("predict", request, response, _spec())
-    from tests.helpers import wait_until  # pylint: disable=import-outside-toplevel
+    from slimserve.testing.servers import wait_until  # pylint: disable=import-outside-toplevel
     # While open, only a hidden temporary exists, which readers skip.
     wait_until(lambda: os.listdir(tmp_path), timeout=10, message="the log file to open")
     wait_until(lambda: [n for n in os.listdir(tmp_path) if not n.startswith(".")],
