@@ -53,8 +53,11 @@ setup(
         "tensorflow-text>=2.15,<2.16",
     ],
     extras_require={
-        "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",
-                 "cryptography>=41", "kubernetes-validate>=1.28", "PyYAML>=5.4"],
+        # pytest-xdist: `make test` runs the suite on two workers (tests/scheduling.py);
+        # pytest-cov measures line coverage across them (docs/development.md).
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "pytest-cov>=4", "scikit-learn>=1.1",
+                 "scikit-image>=0.19", "matplotlib>=3.5", "cryptography>=41",
+                 "kubernetes-validate>=1.28", "PyYAML>=5.4"],
         # Beam >= 2.72 accepts the grpcio (1.85) and protobuf 4.25 tensorflow 2.15 runs
         # with; 2.61-2.71 pin grpcio < 1.66. Python 3.9 gets the last Beam for it.
         "beam": ["apache-beam>=2.72,<3; python_version>='3.10'",
