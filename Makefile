@@ -18,8 +18,10 @@ $(STAMP): setup.py
 demo: $(STAMP)
 	$(PY) scripts/demo.py --fresh
 
+# The suite over pytest-xdist workers, costliest tests first (tests/scheduling.py).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 bench: bench-input bench-train bench-serve bench-bulk bench-warmup
 

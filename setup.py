@@ -53,8 +53,11 @@ setup(
         "tensorflow-text>=2.15,<2.16",
     ],
     extras_require={
-        "test": ["pytest>=7", "scikit-learn>=1.1", "scikit-image>=0.19", "matplotlib>=3.5",
-                 "cryptography>=41", "kubernetes-validate>=1.28", "PyYAML>=5.4",
+        # pytest-xdist: `make test` runs the suite on two workers (tests/scheduling.py);
+        # pytest-cov measures line coverage across them (docs/development.md).
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "pytest-cov>=4", "scikit-learn>=1.1",
+                 "scikit-image>=0.19", "matplotlib>=3.5", "cryptography>=41",
+                 "kubernetes-validate>=1.28", "PyYAML>=5.4",
                  # drives Debian's headless Chromium (chromium-driver) in the labelling
                  # page's browser test (tests/test_label_browser.py); no browser download
                  "selenium>=4.15,<5"],

@@ -1,55 +1,74 @@
 """Shared real-data fixtures: the digits image tree, its TFRecords, and small slim
-checkpoints made by the tests themselves (no downloads)."""
+checkpoints made by the tests themselves (no downloads). Each is built once per run for
+all pytest-xdist workers (tests/run_once.py) and read-only: a test that changes one works
+on a copy. The run's order and work units are tests/scheduling.py's."""
 import os
 import sys
 
 import pytest
 
 from slimserve.cli import logs
+from tests import run_once
+from tests import scheduling
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli
 
 logs.quiet_tensorflow()
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(scheduling.XdistPlugin())
+
+
+def pytest_collection_modifyitems(config, items):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    scheduling.arrange(items, scheduling.units_path(config) if worker else None)
+
+
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory):
-    import make_digits  # pylint: disable=import-outside-toplevel
-    folder = tmp_path_factory.mktemp("digits") / "images"
-    make_digits.write_digits(str(folder), size=IMAGE_SIZE)
-    return str(folder)
+    def build(folder):
+        import make_digits  # pylint: disable=import-outside-toplevel
+        images = os.path.join(folder, "images")
+        make_digits.write_digits(images, size=IMAGE_SIZE)
+        return images
+    return run_once.build_once(tmp_path_factory, "digits", build)
 
 
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory, digits_dir):
-    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
-    out = str(tmp_path_factory.mktemp("digits_tfrecords"))
-    dataset.build_dataset(digits_dir, out, validation_fraction=0.2, train_shards=4,
-                          validation_shards=2, seed=0, show_progress=False)
-    return out
+    def build(folder):
+        from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
+        dataset.build_dataset(digits_dir, folder, validation_fraction=0.2, train_shards=4,
+                              validation_shards=2, seed=0, show_progress=False)
+        return folder
+    return run_once.build_once(tmp_path_factory, "digits_tfrecords", build)
 
 
 @pytest.fixture(scope="session")
 def imagenet_checkpoint(tmp_path_factory):
     """A resnet_v1_50 checkpoint shaped like the official one (1000-class head, slim
-    names, non-trivial BatchNorm statistics), made once per session."""
-    from slimserve.testing import slim_checkpoints  # pylint: disable=import-outside-toplevel
-    return slim_checkpoints.make_imagenet_style_checkpoint(
-        str(tmp_path_factory.mktemp("pretrained")))
+    names, non-trivial BatchNorm statistics)."""
+    def build(folder):
+        from slimserve.testing import slim_checkpoints  # pylint: disable=import-outside-toplevel
+        return slim_checkpoints.make_imagenet_style_checkpoint(folder)
+    return run_once.build_once(tmp_path_factory, "pretrained", build)
 
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, digits_data):
     """A short resnet_v1_50 run on digits with EMA weights and the Final/Best exporters."""
-    model_dir = str(tmp_path_factory.mktemp("run"))
-    run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
-            "--image_size", IMAGE_SIZE, "--max_steps", 60, "--batch_size", 32,
-            "--save_checkpoints_steps", 60, "--batch_norm_decay", 0.9,
-            "--optimizer", "adam", "--learning_rate", 0.001, "--opt_epsilon", 1e-8,
-            "--min_crop_area", 0.85, "--norandom_flip",
-            "--eval_central_fraction", 1.0, "--log_step_count_steps", 30,
-            "--moving_average_decay", 0.99)
-    return model_dir
+    def build(model_dir):
+        run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
+                "--image_size", IMAGE_SIZE, "--max_steps", 60, "--batch_size", 32,
+                "--save_checkpoints_steps", 60, "--batch_norm_decay", 0.9,
+                "--optimizer", "adam", "--learning_rate", 0.001, "--opt_epsilon", 1e-8,
+                "--min_crop_area", 0.85, "--norandom_flip",
+                "--eval_central_fraction", 1.0, "--log_step_count_steps", 30,
+                "--moving_average_decay", 0.99)
+        return model_dir
+    return run_once.build_once(tmp_path_factory, "run", build)
 
 
 @pytest.fixture(scope="session")

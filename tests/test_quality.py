@@ -4,6 +4,10 @@ A slim-format source checkpoint (resnet_v1_50 trained on digits 0-4) stands in f
 official one; fine-tuning on all ten digits with the head excluded and the stem and
 block1 frozen must reach 97% validation accuracy and beat training from scratch at the
 same step budget, leaving frozen weights and BN statistics bit-identical.
+
+The three trainings are run-wide fixtures (tests/run_once.py): under pytest-xdist the
+from-scratch run trains on one worker while the other trains the source and fine-tunes
+from it, and the comparison, scheduled last, reads both.
 """
 import glob
 import os
@@ -13,10 +17,14 @@ import pytest
 import tensorflow as tf
 
 from slimserve.estimator import dataset
+from tests import run_once
 from tests.helpers import ROOT, run_cli
 
 FLAGS = os.path.join(ROOT, "configs")
 FROZEN = ("resnet_v1_50/conv1/", "resnet_v1_50/block1/")
+EVALUATED = [50, 100, 150, 200, 250, 300]  # the recipe's --save_checkpoints_steps=50
+
+pytestmark = pytest.mark.slow
 
 
 def eval_accuracy_by_step(model_dir):
@@ -29,40 +37,79 @@ def eval_accuracy_by_step(model_dir):
     return points
 
 
-@pytest.mark.slow
-def test_finetuning_beats_scratch_and_reaches_high_accuracy(digits_dir, digits_data, tmp_path):
-    source_images = tmp_path / "source_images"
-    source_images.mkdir()
-    for digit in "01234":
-        os.symlink(os.path.join(digits_dir, digit), source_images / digit)
-    source_data = str(tmp_path / "source_data")
-    dataset.build_dataset(str(source_images), source_data, 0.2, train_shards=4,
-                          validation_shards=1, show_progress=False)
-    source = tmp_path / "source"
-    run_cli("slimserve.cli.train", "--flagfile", os.path.join(FLAGS, "digits_source.flags"),
-            "--data_dir", source_data, "--model_dir", source)
-    finetune = tmp_path / "finetune"
-    run_cli("slimserve.cli.train", "--flagfile", os.path.join(FLAGS, "digits_finetune.flags"),
-            "--data_dir", digits_data, "--model_dir", finetune, "--checkpoint_path", source)
-    scratch = tmp_path / "scratch"
-    run_cli("slimserve.cli.train", "--flagfile", os.path.join(FLAGS, "digits_finetune.flags"),
-            "--data_dir", digits_data, "--model_dir", scratch, "--freeze_scopes=",
-            "--checkpoint_exclude_scopes=", "--noexport")
+@pytest.fixture(scope="session")
+def source_run(tmp_path_factory, digits_dir):
+    """The source checkpoint: the demo's recipe on digits 0-4 only."""
+    def build(folder):
+        images = os.path.join(folder, "images")
+        os.mkdir(images)
+        for digit in "01234":
+            os.symlink(os.path.join(digits_dir, digit), os.path.join(images, digit))
+        data = os.path.join(folder, "data")
+        dataset.build_dataset(images, data, 0.2, train_shards=4, validation_shards=1,
+                              show_progress=False)
+        model_dir = os.path.join(folder, "run")
+        run_cli("slimserve.cli.train", "--flagfile", os.path.join(FLAGS, "digits_source.flags"),
+                "--data_dir", data, "--model_dir", model_dir)
+        return model_dir
+    return run_once.build_once(tmp_path_factory, "quality_source", build)
 
-    tuned, fresh = eval_accuracy_by_step(str(finetune)), eval_accuracy_by_step(str(scratch))
-    print("fine-tuned:", tuned, "\nfrom scratch:", fresh)
-    assert sorted(tuned) == sorted(fresh) == [50, 100, 150, 200, 250, 300]
+
+@pytest.fixture(scope="session")
+def finetuned_run(tmp_path_factory, digits_data, source_run):
+    def build(model_dir):
+        # Export verification (a reload compared with predict(), at fp32 and bf16) is
+        # tests/test_export.py's subject; here the five exports (Best at each improvement,
+        # Final) are only the demo's publication, and verifying each doubled its cost.
+        run_cli("slimserve.cli.train", "--flagfile",
+                os.path.join(FLAGS, "digits_finetune.flags"), "--data_dir", digits_data,
+                "--model_dir", model_dir, "--checkpoint_path", source_run, "--noverify_export")
+        return model_dir
+    return run_once.build_once(tmp_path_factory, "quality_finetune", build)
+
+
+@pytest.fixture(scope="session")
+def scratch_run(tmp_path_factory, digits_data):
+    """The same recipe and budget from random weights, nothing frozen."""
+    def build(model_dir):
+        run_cli("slimserve.cli.train", "--flagfile",
+                os.path.join(FLAGS, "digits_finetune.flags"), "--data_dir", digits_data,
+                "--model_dir", model_dir, "--freeze_scopes=", "--checkpoint_exclude_scopes=",
+                "--noexport")
+        return model_dir
+    return run_once.build_once(tmp_path_factory, "quality_scratch", build)
+
+
+def test_training_from_scratch_learns_within_the_budget(scratch_run):
+    fresh = eval_accuracy_by_step(scratch_run)
+    print("from scratch:", fresh)
+    assert sorted(fresh) == EVALUATED
+    # Four earlier runs ended at 96.1-98.1% (docs/benchmarks.md); chance is 10%.
+    assert fresh[300] >= 0.9 and fresh[300] > fresh[50]
+
+
+def test_finetuning_reaches_high_accuracy_with_frozen_layers_bit_identical(source_run,
+                                                                           finetuned_run):
+    tuned = eval_accuracy_by_step(finetuned_run)
+    print("fine-tuned:", tuned)
+    assert sorted(tuned) == EVALUATED
     # Seven fp32 runs of this recipe ended at 97.8-98.9% (docs/benchmarks.md); one image is 0.28%.
     assert tuned[300] >= 0.97
-    # Better over the whole budget: the mean of the six evaluations (the learning curve),
-    # not a single point, which a few images decide once both runs are near 98%.
-    assert np.mean(list(tuned.values())) > np.mean(list(fresh.values()))
 
-    before = tf.train.load_checkpoint(str(source))
-    after = tf.train.load_checkpoint(str(finetune))
-    frozen = [n for n, _ in tf.train.list_variables(str(source))
+    before = tf.train.load_checkpoint(source_run)
+    after = tf.train.load_checkpoint(finetuned_run)
+    frozen = [n for n, _ in tf.train.list_variables(source_run)
               if n.startswith(FROZEN) and not n.endswith(("/Adam", "/Adam_1"))]  # not slots
     assert len(frozen) > 40
     for name in frozen:
         assert np.array_equal(before.get_tensor(name), after.get_tensor(name)), name
-    assert os.listdir(finetune / "export" / "final")
+    assert os.listdir(os.path.join(finetuned_run, "export", "final"))
+
+
+def test_finetuning_beats_scratch_over_the_whole_budget(scratch_run, finetuned_run):
+    tuned, fresh = eval_accuracy_by_step(finetuned_run), eval_accuracy_by_step(scratch_run)
+    print("fine-tuned:", tuned, "\nfrom scratch:", fresh)
+    assert sorted(tuned) == sorted(fresh) == EVALUATED
+    # Better over the whole budget: the mean of the six evaluations (the learning curve),
+    # not a single point, which a few images decide once both runs are near 98%.
+    assert np.mean(list(tuned.values())) > np.mean(list(fresh.values()))
