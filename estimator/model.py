@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from slimserve import errors
 from slimserve import fields
-from slimserve.estimator import compat  # noqa: F401  pylint: disable=unused-import
+from slimserve.estimator import compat
 from slimserve.estimator import guards
 from slimserve.estimator import nets
 from slimserve.estimator import preprocessing
@@ -228,6 +228,7 @@ def _optimizer(config, learning_rate):
     return v1.GradientDescentOptimizer(learning_rate)
 
 
+@compat.plain_graph_building
 def build_logits(config, images, is_training):
     config = config.resolved()  # e.g. batch_norm_decay left unset by a library caller
     spec = nets.get_net(config.model_name)
