@@ -122,6 +122,12 @@ class ServerOptions:
     allow_version_labels_for_unavailable_models: bool = _of(
         manager.ManagerOptions, "allow_version_labels_for_unavailable_models",
         "Allow assigning a version label to a version that is not yet available.")
+    error_hints: bool = _of(
+        manager.ManagerOptions, "error_hints", "Add hints to NOT_FOUND answers: the served "
+        "model names for a model this server does not serve (which tells any client what "
+        "it serves), and why a served model's base path holds no version (answered "
+        "UNAVAILABLE, so clients retry). Off: TF Serving's exact statuses and messages, "
+        "the hints in the server log only.", slimserve_only=True)
     saved_model_tags: str = _flag("", "Comma-separated tags of the MetaGraphDef to load "
                                   "(empty: serve).")
     num_load_threads: int = _of(manager.ManagerOptions, "num_load_threads",

@@ -147,6 +147,7 @@ def manager_options(options, settings):
         num_unload_threads=options.num_unload_threads,
         allow_version_labels_for_unavailable_models=(
             options.allow_version_labels_for_unavailable_models),
+        error_hints=options.error_hints,
         saved_model_tags=settings.saved_model_tags,
         session_config=session.session_config(options, settings),
         tflite=tflite_servable.TfLiteOptions(options.num_tflite_pools,

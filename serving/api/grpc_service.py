@@ -36,20 +36,27 @@ def _abort(context, error):
     context.abort(error.code, error.message)
 
 
+def _spec_of(request):
+    """The request's ModelSpec as (name, version, label); INVALID_ARGUMENT "Missing
+    ModelSpec" when the request has none, as TF Serving's predict_impl.cc,
+    classification_service.cc, regression_service.cc and get_model_metadata_impl.cc."""
+    if not request.HasField("model_spec"):
+        raise errors.invalid("Missing ModelSpec")
+    return model_spec_args(request.model_spec)
+
+
 def serialized_examples(input_proto):
-    """tensorflow.serving.Input -> [serialized tf.Example] (context merged in, as util.cc)."""
+    """tensorflow.serving.Input -> [serialized tf.Example] (the context's bytes before
+    each example's, as util.cc)."""
     kind = input_proto.WhichOneof("kind")
     if kind == "example_list":
         return [e.SerializeToString() for e in input_proto.example_list.examples]
     if kind == "example_list_with_context":
-        context = input_proto.example_list_with_context.context
-        out = []
-        for example in input_proto.example_list_with_context.examples:
-            merged = type(example)()
-            merged.CopyFrom(context)
-            merged.MergeFrom(example)
-            out.append(merged.SerializeToString())
-        return out
+        # The context's bytes, then the example's: what TF Serving feeds
+        # (InputToSerializedExampleTensor); parsed, the example's features win.
+        context = input_proto.example_list_with_context.context.SerializeToString()
+        return [context + example.SerializeToString()
+                for example in input_proto.example_list_with_context.examples]
     return []
 
 
@@ -65,6 +72,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "predict") as call:
+                _spec_of(request)
                 service = self._service
 
                 def decode(sig):
@@ -93,6 +101,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "classify") as call:
+                _spec_of(request)
                 version, sig_name, classes, scores = self._service.classify(
                     name, version, label, request.model_spec.signature_name,
                     serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
@@ -109,6 +118,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "regress") as call:
+                _spec_of(request)
                 version, sig_name, outputs = self._service.regress(
                     name, version, label, request.model_spec.signature_name,
                     serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
@@ -153,6 +163,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "metadata"):
+                _spec_of(request)
                 fields = list(request.metadata_field)
                 if not fields:
                     raise errors.invalid("GetModelMetadataRequest must specify at least one "

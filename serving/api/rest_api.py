@@ -32,11 +32,12 @@ from slimserve.serving.core import inference as service_lib
 from slimserve.serving.observability import status_page
 
 STATUS_PAGE_PATHS = ("/", "/status")
+# http_rest_api_util.cc's two patterns (RE2's \d is ASCII only, so [0-9] here).
 _PREDICTION_PATH = re.compile(
-    r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)",
+    r"/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?:(classify|regress|predict)",
     re.IGNORECASE)
 _STATUS_PATH = re.compile(
-    r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(?:/(metadata))?",
+    r"/v1/models(?:/([^/:]+))?(?:/versions/([0-9]+)|/labels/([^/:]+))?(?:/(metadata))?",
     re.IGNORECASE)
 _API_PATH = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)
 _ORIGIN = re.compile(r"https?://")
@@ -55,7 +56,7 @@ def default_num_threads():
 
 def error_body(message):
     """An error answer's body, as TF Serving's MakeJsonFromStatus writes it."""
-    return json_writer.error(message).encode("utf-8", "surrogateescape")
+    return json_writer.to_bytes(json_writer.error(message))
 
 
 # What TF Serving's HTTP server (libevent's evhttp_send_error) answers for a path no
@@ -65,9 +66,21 @@ NOT_FOUND_BODY = (b"<HTML><HEAD>\n<TITLE>404 Not Found</TITLE>\n</HEAD><BODY>\n"
                   b"<H1>Not Found</H1>\n</BODY></HTML>\n")
 
 
+def decode_arg(text):
+    """A model name or label from the path, percent-decoded as TF Serving's DecodeArg
+    (curl_easy_unescape: %XX only, `+` kept, bytes as they are). The path arrives as
+    the HTTP server decoded its bytes (latin-1); the result is those bytes read as UTF-8,
+    undecodable ones kept as surrogates (written back as the same bytes)."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:  # an in-process caller's str
+        raw = text.encode("utf-8", "surrogateescape")
+    return urllib.parse.unquote_to_bytes(raw).decode("utf-8", "surrogateescape")
+
+
 def _spec(name, version, label):
-    name = urllib.parse.unquote(name) if name else name
-    label = urllib.parse.unquote(label) if label else None
+    name = decode_arg(name) if name else name
+    label = decode_arg(label) if label else None
     if version:
         number = int(version)
         if number > _INT64_MAX:
@@ -105,7 +118,7 @@ class RestApi:
                 self._metrics is not None and method == "GET":
             return 200, [("Content-Type", "text/plain; version=0.0.4")], \
                 self._metrics.render().encode()
-        if method == "GET" and path in STATUS_PAGE_PATHS:
+        if method == "GET" and path.split("?", 1)[0] in STATUS_PAGE_PATHS:
             return 200, [("Content-Type", "text/html; charset=utf-8"),
                          ("Cache-Control", "no-store")], self.status_page().encode("utf-8")
         if not _API_PATH.fullmatch(path):

@@ -41,6 +41,7 @@ DEFAULT_LOAD_RETRY_INTERVAL_MICROS = 60 * 1000 * 1000  # TF Serving's default: 1
 # How many served names (and how much of each) a NOT_FOUND for an unknown model lists.
 MAX_NAMES_LISTED = 10
 MAX_NAME_CHARS = 64
+HINT_LOG_INTERVAL_SECONDS = 60.0  # an unknown model's hint is logged at most this often
 
 
 def _describe(error):
@@ -103,6 +104,11 @@ class ManagerOptions:
     allow_version_labels_for_unavailable_models: bool = fields.option(
         False, "Let a new label (or an unchanged one) name a version that is not "
         "AVAILABLE; by default every label must.")
+    error_hints: bool = fields.option(
+        False, "Add hints to NOT_FOUND answers: the served model names for a model this "
+        "server does not serve, and why a served model's base path holds no version (then "
+        "UNAVAILABLE, so clients retry). Off: TF Serving's exact statuses and messages; "
+        "the hints go to the server log only (an unknown model's at most once a minute).")
     # How a SavedModel version loads: the meta graph's tags (None: serve) and every
     # session's ConfigProto (config/session.py).
     saved_model_tags: typing.Any = None
@@ -177,6 +183,7 @@ class ModelManager:
         custom_ops.load_tf_text_ops()
         self._stop = threading.Event()
         self._thread = None
+        self._next_hint_log = 0.0  # time.monotonic() before which no unknown-model hint
 
     @property
     def model_names(self):
@@ -494,19 +501,27 @@ class ModelManager:
     # --- the request path ------------------------------------------------------------
 
     def acquire(self, name, version=None, label=None):
-        """The servable a ModelSpec names, with one in-flight reference taken."""
+        """The servable a ModelSpec names, with one in-flight reference taken.
+
+        In TF Serving's order (ServerCore::ServableRequestFromModelSpec, then the
+        manager): a label is resolved first, so a label of a model this server does not
+        serve is INVALID_ARGUMENT `Unrecognized servable version label`; then the request
+        is `Specific(name, version)` or `Latest(name)`, NOT_FOUND when nothing serves it."""
         with self._lock:
-            model = self._models.get(name)
-            if model is None:
-                raise self._unknown_model_locked(name)
             if label:
                 version = self._resolve_label_locked(name, label)
+            model = self._models.get(name)
+            if model is None:
+                raise self._unknown_model_locked(name, version)
             available = {n: v.servable for n, v in model.versions.items()
                          if v.state == AVAILABLE and v.servable is not None}
             if version is None:
                 if not available:
-                    raise errors.unavailable("Servable not found for request: Latest(%s)%s",
-                                             name, _suffix(model.diagnosis))
+                    if self.options.error_hints:
+                        raise errors.unavailable("Servable not found for request: "
+                                                 "Latest(%s)%s", name,
+                                                 _suffix(model.diagnosis))
+                    raise errors.not_found("Servable not found for request: Latest(%s)", name)
                 servable = available[max(available)]
             else:
                 servable = available.get(version)
@@ -519,15 +534,24 @@ class ModelManager:
 
     def resolve_label(self, name, label):
         with self._lock:
-            if name not in self._models:
-                raise self._unknown_model_locked(name)
             return self._resolve_label_locked(name, label)
 
-    def _unknown_model_locked(self, name):
-        """NOT_FOUND for a model this server does not serve: TF Serving's wording first
-        (its tools match it), then what the client could ask for instead."""
-        return errors.not_found("Servable not found for request: Latest(%s); %s", name,
-                                self._served_names_locked())
+    def _unknown_model_locked(self, name, version=None):
+        """NOT_FOUND for a model this server does not serve, worded as TF Serving's manager
+        words it (`Latest(name)` or `Specific(name, version)`). Which models it does serve
+        is a hint for the server's log (at most once a minute: clients choose the names),
+        and for the client only with `error_hints`."""
+        request = ("Latest(%s)" % name if version is None
+                   else "Specific(%s, %d)" % (name, version))
+        hint = self._served_names_locked()
+        now = time.monotonic()
+        if now >= self._next_hint_log:
+            self._next_hint_log = now + HINT_LOG_INTERVAL_SECONDS
+            logging.warning("a request named model %r, which this server does not serve "
+                            "(%s)", name[:MAX_NAME_CHARS], hint)
+        if self.options.error_hints:
+            return errors.not_found("Servable not found for request: %s; %s", request, hint)
+        return errors.not_found("Servable not found for request: %s", request)
 
     def _served_names_locked(self):
         """`this server serves models a, b`: a bounded number of names, each of bounded
@@ -555,7 +579,9 @@ class ModelManager:
             model = self._models.get(name) or self._removed.get(name)
             states = {} if model is None else {
                 n: (v.state, v.error, v.code) for n, v in model.versions.items() if v.state}
-            if model is None:
+            if not self.options.error_hints:
+                why = ""  # TF Serving's words only; the log has the diagnosis
+            elif model is None:
                 why = self._served_names_locked()
             else:
                 why = model.diagnosis if name in self._models else ""
