@@ -18,6 +18,7 @@ benchmarks); give one or the other.
 value out of its bound and the combinations tensorflow_model_server refuses.
 """
 import dataclasses
+import os
 import typing
 
 from slimserve import errors
@@ -234,6 +235,11 @@ class ServerOptions:
     profiler_max_duration_ms: int = _flag(
         60000, "Longest profile (and start delay) a ProfilerService client may ask for; "
         "longer is INVALID_ARGUMENT.", limits.MILLISECONDS, slimserve_only=True)
+    profiler_log_dir: str = _flag(
+        "", "Local directory the ProfilerService may write traces under: a client's "
+        "repository_root must resolve inside it (a relative one is taken under it; '..' "
+        "or a path or symlink leading out is PERMISSION_DENIED). Empty: nothing is "
+        "written, the trace is returned in the ProfileResponse.", slimserve_only=True)
     thread_pool_factory_config_file: str = _flag(
         "", "Text-format ThreadPoolFactoryConfig whose Any holds a "
         "tensorflow.ThreadPoolOptionProto (num_threads, global_name): the inter-op thread "
@@ -277,6 +283,10 @@ class ServerOptions:
         if self.rest_api_port > 0 and self.rest_api_port == self.port:
             raise errors.UserError("--rest_api_port must differ from --port (both %d)"
                                    % self.port)
+        if self.profiler_log_dir and not os.path.isdir(self.profiler_log_dir):
+            raise errors.UserError("--profiler_log_dir %s: not a directory (create it; "
+                                   "traces are written only inside it)"
+                                   % self.profiler_log_dir)
         if self.batching_parameters_file and not self.enable_batching and \
                 self.batching_parameters is None:
             raise errors.UserError("--batching_parameters_file needs --enable_batching")

@@ -310,7 +310,8 @@ class ModelServer:
             options=list(grpc_options.items()))
         grpc_service.add_to_server(server, self.service, self.reload_config)
         if options.enable_profiler:
-            profiler_service.add_to_server(server, options.profiler_max_duration_ms)
+            profiler_service.add_to_server(server, options.profiler_max_duration_ms,
+                                           options.profiler_log_dir)
             logging.info("Profiler service is enabled")
         self.health = None
         if options.enable_grpc_healthcheck_service:
