@@ -124,7 +124,20 @@ def _status_name(error):
             return status.name
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return grpc.StatusCode.RESOURCE_EXHAUSTED.name
+    if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM,
+                                                      errno.EROFS):
+        return grpc.StatusCode.PERMISSION_DENIED.name
     return grpc.StatusCode.INTERNAL.name
+
+
+def _why(error, path):
+    """`<path>: <reason>` of a write error (an OSError names its own file)."""
+    if isinstance(error, OSError):
+        return "%s: %s" % (error.filename or path, error.strerror or error)
+    message = getattr(error, "message", None) or str(error)
+    if path and message.startswith(path + "; "):  # TF's "<file>; <reason>"
+        return "%s: %s" % (path, message[len(path) + 2:])
+    return message if path and path in message else "%s: %s" % (path, message)
 
 
 @dataclasses.dataclass
@@ -171,6 +184,7 @@ class RequestLogger:
         self._bytes = 0  # of complete records in the open file
         self._sequence = 0
         self._failing = 0  # records lost since the last write error began
+        self._unpublished = False  # a file could not be published (its directory refuses)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
         self._thread.start()
@@ -283,7 +297,8 @@ class RequestLogger:
     def _recover(self):
         try:
             for path in recover_abandoned(self._directory, self._base):
-                logging.info("request log: published %s, left by a writer that died", path)
+                logging.info("request log: published %s, left unpublished by a writer that "
+                             "died or a directory that refused it", path)
         except Exception:  # pylint: disable=broad-except  (never the writer thread)
             logging.exception("request log %s: recovering abandoned files failed",
                               self.filename_prefix)
@@ -328,14 +343,17 @@ class RequestLogger:
             self.drops[code] += 1
 
     def _lost(self, error):
-        """A write error: the file keeps its complete records and is published; the record
-        is counted as lost; the next record starts a new file."""
-        self._count_drop(_status_name(error))
-        if not self._failing:
-            logging.warning("request log %s: record lost (%s); keeping the file's %d "
-                            "complete bytes and starting a new file",
-                            self.filename_prefix, getattr(error, "message", error),
-                            self._bytes)
+        """A write error (a full disk, a directory that refuses): the record is counted as
+        lost; the open file keeps its complete records and is published; the next record
+        starts a new file. One log line per spell of errors (the first, naming the path
+        and why), one when writing works again."""
+        code = _status_name(error)
+        self._count_drop(code)
+        if not self._failing and not self._unpublished:
+            logging.warning("request log %s: cannot write %s; sampled records are dropped "
+                            "(request_log_count{status_code=\"%s\"}) until it can, and "
+                            "no file is left half written", self.filename_prefix,
+                            _why(error, self._temp_path or self._directory), code)
         self._failing += 1
         self._close_file(failed=True)
 
@@ -377,6 +395,7 @@ class RequestLogger:
         except (tf.errors.OpError, OSError):
             failed = True  # buffered bytes may be half written: cut back below
         fd, self._fd = self._fd, None
+        published = True
         try:
             if failed:
                 os.ftruncate(fd, self._bytes)
@@ -386,13 +405,21 @@ class RequestLogger:
             else:
                 os.unlink(self._temp_path)
         except OSError as error:
-            # Left as an abandoned temporary: readers read it, the next rotation or start
-            # publishes it.
-            logging.warning("request log %s: %s not published yet (%s)", self.filename_prefix,
-                            self._temp_path, error.strerror or error)
+            # Left as an abandoned temporary: readers read its complete records, and the
+            # next successful rotation (or the next start) publishes it.
+            published = False
+            if not self._unpublished and not self._failing:
+                logging.warning("request log %s: cannot publish %s; its complete records "
+                                "stay readable and it is published once the directory "
+                                "accepts it", self.filename_prefix,
+                                _why(error, self._temp_path))
+            self._unpublished = True
         finally:
             os.close(fd)  # releases the lock
-        if not failed:
+        if published and self._bytes and self._unpublished:
+            self._unpublished = False
+            logging.warning("request log %s: publishing again", self.filename_prefix)
+        if published and not failed:
             self._recover()  # also retries anything a full disk left unpublished
 
 
