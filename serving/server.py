@@ -53,14 +53,23 @@ HEALTH_SERVICES = ("", "ModelService", "PredictionService", "tensorflow.serving.
 
 
 def parse_channel_arguments(text):
-    """`a=1,b=x` -> [("a", 1), ("b", "x")] (integers where they parse)."""
+    """`a=1,b=x` -> [("a", 1), ("b", "x")] (integers where they parse, each a 32-bit C
+    int as gRPC takes them; a UserError naming the flag otherwise)."""
     options = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise user_errors.UserError("--grpc_channel_arguments: expected key=value, got %r"
                                         % item)
-        options.append((key, int(value) if value.lstrip("-").isdigit() else value))
+        if value.lstrip("-").isdigit():
+            number = int(value)
+            if not -2 ** 31 <= number < 2 ** 31:  # gRPC channel arguments are C ints
+                raise user_errors.UserError(
+                    "--grpc_channel_arguments: %s=%s must be in [-2147483648, 2147483647] "
+                    "(gRPC takes 32-bit integer arguments)" % (key, value))
+            options.append((key, number))
+        else:
+            options.append((key, value))
     return options
 
 
@@ -227,6 +236,7 @@ class ModelServer:
         options = (options or options_lib.ServerOptions()).replace(**changes).check()
         self.options = options
         configs, loaded_config, where = _model_configs(options)
+        self._config_source = where
         self.request_logs = request_logs_lib.RequestLogs(options.request_log_dir,
                                                          request_log_options(options))
         log_plan = self.request_logs.plan(configs, where, from_operator=True)
@@ -351,8 +361,15 @@ class ModelServer:
                           from_operator)
 
     def start(self):
-        """Loads the initial versions, then starts polling and both front ends."""
-        self.manager.poll()
+        """Loads the initial versions, then starts polling and both front ends. A version
+        label naming a version that did not load stops the start, as in TF Serving (a
+        UserError naming the config)."""
+        try:
+            self.manager.poll()
+        except errors.ServingError as error:
+            self.manager.stop()
+            raise user_errors.UserError("%s: %s" % (self._config_source, error.message)) \
+                from None
         interval = self.options.file_system_poll_wait_seconds
         for name in self.manager.model_names:
             if not self.manager.available_versions(name):  # the manager logged why
