@@ -35,6 +35,7 @@ from slimserve.serving.config import poller
 from slimserve.serving.config import session
 from slimserve.serving.core import batching as batching_lib
 from slimserve.serving.core import errors
+from slimserve.serving.core import health as health_lib
 from slimserve.serving.core import inference
 from slimserve.serving.core import manager as manager_lib
 from slimserve.serving.core import tflite_servable
@@ -237,8 +238,12 @@ class ModelServer:
         self.options = options
         configs, loaded_config, where = _model_configs(options)
         self._config_source = where
+        # Every background component reports here; the health service follows it.
+        self.component_health = health_lib.Health(on_change=self._health_changed)
+        self._serving = False  # the health service says SERVING only once started
         self.request_logs = request_logs_lib.RequestLogs(options.request_log_dir,
-                                                         request_log_options(options))
+                                                         request_log_options(options),
+                                                         self.component_health)
         log_plan = self.request_logs.plan(configs, where, from_operator=True)
         self.ssl_config = _ssl_config(options)
         monitoring = _monitoring_path(options)
@@ -254,7 +259,8 @@ class ModelServer:
             configs, manager_options(options, settings), on_change=self.metrics.model_event,
             on_load=self.metrics.model_load,
             batching_for=(lambda path: batching_lib.parameters_for_version(
-                path, batching, settings.per_model_batching)) if batching else None)
+                path, batching, settings.per_model_batching)) if batching else None,
+            health=self.component_health)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
                                              self.metrics.observe_queue_wait)
                         if batching else None)
@@ -274,7 +280,7 @@ class ModelServer:
             self._config_poller = poller.ConfigFilePoller(
                 options.model_config_file, options.model_config_file_poll_wait_seconds,
                 lambda config, where: self.reload_config(config, where, from_operator=True),
-                loaded=loaded_config)
+                loaded=loaded_config, health=self.component_health)
         self._reload_lock = threading.Lock()  # one model-set change at a time
         self._grpc = self._grpc_server(options, channel_arguments)
         credentials = tls.grpc_credentials(self.ssl_config) if self.ssl_config else None
@@ -331,6 +337,16 @@ class ModelServer:
                 self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         return server
 
+    def _health_changed(self, healthy):
+        """The standard health service follows the components' health once the server
+        serves: NOT_SERVING while one of them is failing (core/health.py)."""
+        if getattr(self, "health", None) is None or not getattr(self, "_serving", False):
+            return
+        status = (health_pb2.HealthCheckResponse.SERVING if healthy
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in HEALTH_SERVICES:
+            self.health.set(name, status)
+
     def flush_request_logs(self, timeout=None):
         """Publishes every model's open request log file now (SIGUSR1 to slimserve-server);
         see RequestLogs.flush."""
@@ -382,9 +398,8 @@ class ModelServer:
         if self._config_poller is not None:
             self._config_poller.start()
         self._grpc.start()
-        if self.health is not None:
-            for name in HEALTH_SERVICES:
-                self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._serving = True
+        self._health_changed(self.component_health.healthy)
         if self._rest is not None:
             self._rest.start()
         logging.info("gRPC on %s:%d%s, REST on %s", self.bind_address, self.port,
@@ -401,6 +416,7 @@ class ModelServer:
         deadline = time.monotonic() + grace
         if self._config_poller is not None:
             self._config_poller.stop()  # no reload starts while draining
+        self._serving = False
         if self.health is not None:
             self.health.enter_graceful_shutdown()
         grpc_done = self._grpc.stop(grace)  # refuses new RPCs now, drains in background

@@ -17,6 +17,7 @@ Transport-free, as TF Serving's http_rest_api_handler is apart from its http_ser
 `RestApi.handle(method, path, headers, body)` -> (status, headers, body); the waitress
 server that carries it is http_server.py.
 """
+import logging
 import os
 import re
 import urllib.parse
@@ -132,6 +133,10 @@ class RestApi:
             return 200, self._headers, self._dispatch(method, path, body)
         except errors.ServingError as error:
             return error.http_status, self._headers, error_body(error.message)
+        except Exception as error:  # pylint: disable=broad-except  (a bug, not the client's)
+            logging.exception("REST %s %s failed", method, path)
+            return 500, self._headers, error_body(errors.scrub_paths(
+                "Internal error: %s" % error))
 
     def status_page(self):
         """The HTML status page: every model's versions and states, and the last
@@ -144,7 +149,9 @@ class RestApi:
                                 in self._service.status(name)]
             except errors.ServingError:
                 models[name] = []
-        return status_page.render(models, self._service.window.summary())
+        failing = {component: failure.message for component, failure
+                   in manager.health.failing().items()}
+        return status_page.render(models, self._service.window.summary(), failing=failing)
 
     def _dispatch(self, method, path, body):
         malformed = errors.invalid("Malformed request: %s %s", method, path)

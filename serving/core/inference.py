@@ -427,10 +427,20 @@ class InferenceService:
     def status(self, name, version=None, label=None):
         """Like get_model_status_impl.cc: a version label is ignored, every version listed.
         -> [(version, state, error message, error code)], the code the load error's own
-        (grpc.StatusCode value; 0 when it loaded). Messages reach clients without server
-        paths."""
+        (grpc.StatusCode value; 0 when it loaded). A background component of the model
+        that is failing (core/health.py: its request log writer, its polling) puts
+        INTERNAL and what fails on its AVAILABLE versions. Messages reach clients without
+        server paths."""
         del label
         check_names(model=name)
+        statuses = self.manager.status(name, version, with_codes=True)
+        failing = self.manager.health.failing(model=name)
+        if failing:  # a background component of the model cannot do its job
+            problem = "; ".join("%s failing: %s" % (component, failure.message)
+                                for component, failure in sorted(failing.items()))
+            statuses = [(number, state, message or problem,
+                         code or (grpc.StatusCode.INTERNAL.value[0]
+                                  if state == "AVAILABLE" else 0))
+                        for number, state, message, code in statuses]
         return [(number, state, errors.scrub_paths(message) if message else message, code)
-                for number, state, message, code in self.manager.status(name, version,
-                                                                        with_codes=True)]
+                for number, state, message, code in statuses]

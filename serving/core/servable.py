@@ -59,6 +59,7 @@ class Servable:
     A subclass serving another format (core/tflite_servable.py) overrides `_open`, which
     makes the session and the signatures, and `run`; the rest is shared."""
     graph = None  # the TensorFlow graph (a SavedModel's); other formats have none
+    failure = None  # why this version can serve no request any more (tflite_servable.py)
     # What this version computes in (--mixed_precision) and whether XLA compiles it
     # (--xla_cpu_compilation_enabled): reported in the server's metrics.
     precision = session_lib.FLOAT32

@@ -44,6 +44,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import fields
 from slimserve.serving import limits
+from slimserve.serving.core import health as health_lib
 
 # PredictionLog's oneof field for each API (classify_log, regress_log, ...).
 LOG_FIELDS = {"predict": "predict_log", "classify": "classify_log", "regress": "regress_log",
@@ -161,9 +162,17 @@ class RequestLogOptions:
 class RequestLogger:
     """Samples, queues and writes the requests of one model."""
 
-    def __init__(self, filename_prefix, sampling_rate, options=None, seed=None):
-        """options: a RequestLogOptions (default: its defaults); seed: the sampler's."""
+    def __init__(self, filename_prefix, sampling_rate, options=None, seed=None,
+                 model=None, health=None):
+        """options: a RequestLogOptions (default: its defaults); seed: the sampler's.
+        model, health: the model logged and the core.health.Health the writer thread
+        reports to (a failure of the writer itself is logged naming the model, the record
+        it held counted as lost with INTERNAL, and the thread carries on)."""
         check_prefix(filename_prefix)
+        self.model = model
+        self.component = "request log writer of %s" % (
+            "model %s" % model if model else filename_prefix)
+        self.health = health if health is not None else health_lib.standalone()
         check_sampling_rate(sampling_rate)
         self.options = fields.check(options if options is not None else RequestLogOptions())
         make_directory(filename_prefix)
@@ -283,16 +292,37 @@ class RequestLogger:
         self._recover()
         while True:
             item = self._next()
-            if item is None:  # the open file reached its age
-                self._close_file()
-            elif item is _STOP:
-                self._close_file()
-                return
-            elif isinstance(item, _Flush):
-                self._close_file()
-                item.done.set()
+            try:
+                if item is None:  # the open file reached its age
+                    self._close_file()
+                elif item is _STOP:
+                    self._close_file()
+                elif isinstance(item, _Flush):
+                    try:
+                        self._close_file()
+                    finally:
+                        item.done.set()
+                else:
+                    self._write(*item[:5])
+            except Exception as error:  # pylint: disable=broad-except  (the writer itself)
+                self._writer_failed(item, error)
             else:
-                self._write(*item[:5])
+                if isinstance(item, tuple):
+                    self.health.ok(self.component)
+            if item is _STOP:
+                return
+
+    def _writer_failed(self, item, error):
+        """The writer failed otherwise than a write error (those are _lost's): the record
+        it held is counted lost (INTERNAL), the file it had open published with its
+        complete records, and the thread goes on with the next item."""
+        if isinstance(item, tuple):
+            self._count_drop(grpc.StatusCode.INTERNAL.name)
+        self.health.failed(self.component, error, self.model)
+        try:
+            self._close_file(failed=True)
+        except Exception:  # pylint: disable=broad-except  (left for recovery)
+            self._writer = self._fd = None
 
     def _recover(self):
         try:
