@@ -35,9 +35,10 @@ SURROGATE = "The surrogate pair in string is invalid."
 # A string, or a token outside strings: a number, or a NaN / Inf spelling.
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)'
                      r'|(-?(?:NaN|Inf(?:inity)?))', re.DOTALL)
-# Bodies that may hold a number rapidjson reads differently than float()/int(): an
-# exponent of three digits or more, or 20 digits in a row (past uint64).
-_MAYBE_TOO_BIG = re.compile(r"[eE][-+]?[0-9]{3}|[0-9]{20}")
+# Bodies that may hold a decimal number too big for rapidjson: a positive exponent of
+# three digits or more (past 308). Fraction digits never make a number too big; long
+# integers go through _integer whatever the body.
+_MAYBE_TOO_BIG = re.compile(r"[eE]\+?[0-9]{3}")
 # Bodies whose doubles may differ from a correctly rounded parse: 16 digits in a row, or
 # an exponent of two digits or more.
 _INEXACT = re.compile(r"[0-9]{16}|[eE][-+]?[0-9]{2}")
@@ -69,11 +70,11 @@ def parse(raw, object_pairs_hook=None, exact=False):
     in the text). Strings come back as str, undecodable bytes as surrogates
     (json_writer.to_bytes restores them)."""
     text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
-    if _NAN_INF.search(text):
+    if ("Inf" in text or "-NaN" in text) and _NAN_INF.search(text):
         text = _spell_out_nan_inf(text)
     lone = _LONE_HIGH.search(text) if "\\u" in text else None
-    hooks = {}
-    if exact or _MAYBE_TOO_BIG.search(text):
+    hooks = {"parse_int": _integer}
+    if exact or _maybe_too_big(text):
         hooks = {"parse_int": _number, "parse_float": _number}
     try:
         value = json.loads(text, object_pairs_hook=object_pairs_hook, **hooks)
@@ -93,6 +94,21 @@ def parse(raw, object_pairs_hook=None, exact=False):
     if lone and lone.start(1) < failure.pos:
         raise JsonError(SURROGATE, _byte_offset(text, lone.start(1))) from None
     raise JsonError(failure.message, _byte_offset(text, failure.pos)) from None
+
+
+def _maybe_too_big(text, scan_after=64):
+    """Whether some exponent may pass rapidjson's limit: the letters e/E are found one by
+    one (a body of numbers has few), the whole text scanned past `scan_after` of them."""
+    for letter in "eE":
+        position, seen = text.find(letter), 0
+        while position != -1:
+            seen += 1
+            if seen > scan_after:
+                return bool(_MAYBE_TOO_BIG.search(text))
+            if _MAYBE_TOO_BIG.match(text, position):
+                return True
+            position = text.find(letter, position + 1)
+    return False
 
 
 def needs_exact(text_or_raw):
@@ -158,6 +174,14 @@ def _number_offset(text, number):
         if match.group(1) == number:
             return match.start(1)
     return 0
+
+
+def _integer(text):
+    """A JSON integer: Python's int while it fits int64 or uint64 (19 digits always do),
+    else rapidjson's double (or too big)."""
+    if len(text) < 20:
+        return int(text)
+    return _number(text)
 
 
 def _number(text):
