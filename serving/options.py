@@ -104,6 +104,11 @@ class ServerOptions:
         http_server.RestOptions, "header_timeout_seconds", "Drop (408) a REST request "
         "whose headers are not received this long after its first byte.",
         slimserve_only=True)
+    status_page: bool = _of(
+        http_server.RestOptions, "status_page", "Serve the HTML status page at / and "
+        "/status on the REST port: every model's versions and load errors and the last "
+        "minute's traffic (it tells any REST client what the server serves). Off: those "
+        "paths are 404, as in TF Serving.", slimserve_only=True)
     rest_min_request_bytes_per_second: int = _of(
         http_server.RestOptions, "min_request_bytes_per_second", "Drop (408) a REST "
         "request that, --rest_header_timeout_seconds after its first byte, has arrived "

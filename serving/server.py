@@ -175,7 +175,7 @@ def rest_options(options):
         read_timeout_seconds=options.rest_read_timeout_seconds,
         header_timeout_seconds=options.rest_header_timeout_seconds,
         min_request_bytes_per_second=options.rest_min_request_bytes_per_second,
-        enable_cors=options.rest_api_enable_cors_support)
+        enable_cors=options.rest_api_enable_cors_support, status_page=options.status_page)
 
 
 def request_log_options(options):

@@ -80,7 +80,7 @@ class _Server:
                 for s in response.model_version_status]
 
     def page(self):
-        return rest_api.RestApi(self.server.service).status_page()
+        return rest_api.RestApi(self.server.service, status_page=True).status_page()
 
     def close(self):
         self.channel.close()

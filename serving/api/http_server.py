@@ -346,6 +346,10 @@ class RestOptions:
         flag="rest_min_request_bytes_per_second")
     enable_cors: bool = fields.option(False, "Add TF Serving's CORS headers to every /v1 "
                                       "answer.", flag="rest_api_enable_cors_support")
+    status_page: bool = fields.option(
+        False, "Serve the HTML status page at / and /status (every model's versions and "
+        "the last minute's traffic: it tells any REST client what the server serves); "
+        "off, those paths are 404 as in TF Serving.")
 
 
 class RestServer:
@@ -361,7 +365,7 @@ class RestServer:
         options = fields.check(options if options is not None else RestOptions())
         self.options = options
         self.api = rest_api.RestApi(service, metrics, monitoring_path, options.timeout_ms,
-                                    options.enable_cors)
+                                    options.enable_cors, options.status_page)
         self._server = _Server(
             wsgi_app(self.api), host=address, port=port, threads=options.num_threads,
             # the map also holds the listening socket and the wake-up pipe

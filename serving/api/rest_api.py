@@ -8,6 +8,7 @@
     POST /v1/models/{name}[/versions/{v} | /labels/{l}]:regress    "examples" (+ "context")
     GET  /monitoring/prometheus/metrics                            when monitoring is on
     GET  / or /status                                              the HTML status page
+                                                                   (--status_page)
 
 Routing follows http_rest_api_util.cc: the paths match case-insensitively, anything else
 under /v1/ is 400 "Malformed request", other paths 404. Every answer, errors included, is
@@ -102,7 +103,7 @@ class RestApi:
     """Method + raw path + body -> (HTTP status, headers, body); no transport in here."""
 
     def __init__(self, service, metrics=None, monitoring_path=None,
-                 timeout_ms=DEFAULT_TIMEOUT_MS, enable_cors=False):
+                 timeout_ms=DEFAULT_TIMEOUT_MS, enable_cors=False, status_page=False):
         """timeout_ms: --rest_api_timeout_in_ms; a request's inference gets what is left
         of it as its deadline (core/deadlines.py: the session run is cancelled when it
         passes, and the request answered 504 DEADLINE_EXCEEDED); <= 0: none."""
@@ -112,6 +113,7 @@ class RestApi:
         self._monitoring_path = monitoring_path
         self._timeout_ms = timeout_ms
         self._timeout_source = "rest_api_timeout_in_ms=%d" % timeout_ms
+        self._status_page = status_page  # --status_page (off: 404, as TF Serving)
 
     def handle(self, method, path, headers, body):
         """headers: a dict with lower-case keys (only "origin" is read)."""
@@ -119,7 +121,8 @@ class RestApi:
                 self._metrics is not None and method == "GET":
             return 200, [("Content-Type", "text/plain; version=0.0.4")], \
                 self._metrics.render().encode()
-        if method == "GET" and path.split("?", 1)[0] in STATUS_PAGE_PATHS:
+        if self._status_page and method == "GET" and path.split("?", 1)[0] in \
+                STATUS_PAGE_PATHS:
             return 200, [("Content-Type", "text/html; charset=utf-8"),
                          ("Cache-Control", "no-store")], self.status_page().encode("utf-8")
         if not _API_PATH.fullmatch(path):
