@@ -20,6 +20,7 @@ from absl import flags
 
 import tensorflow as tf
 
+from slimserve import errors as user_errors
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
 from slimserve.estimator import run_files
@@ -93,6 +94,14 @@ def main(argv):
     except ValueError as error:  # ExportRefused or a metric the evaluation lacks
         sys.exit("slimserve-export: %s" % error)
     export_base = FLAGS.export_base or os.path.join(FLAGS.model_dir, "export", "manual")
+    # A full disk or a refusing directory is one line naming the path (the version's
+    # temporary directory is removed, nothing is published), never a traceback.
+    with user_errors.writing(export_base, "--export_base"):
+        export(export_base, checkpoint, run)
+
+
+def export(export_base, checkpoint, run):
+    """The export proper, into `export_base` (see main)."""
     for stale in writer.remove_stale_temp_dirs(export_base):
         print("removed %s left by an interrupted export" % os.path.join(export_base, stale))
     estimator = tf.estimator.Estimator(model.model_fn, model_dir=FLAGS.model_dir,
