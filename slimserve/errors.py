@@ -73,13 +73,19 @@ def _tensorflow_file_error(error):
     about a path and is left alone."""
     if not type(error).__module__.startswith("tensorflow"):
         return None
-    lines = str(getattr(error, "message", "") or error).strip().splitlines()
-    text = lines[0] if lines else type(error).__name__
+    # A graph's error wraps the file system's in "Graph execution error:" / "Detected at
+    # node ..." lines: the line about the place is the one with the system's reason.
+    lines = [line.strip() for line in str(getattr(error, "message", "") or error)
+             .splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith((
+        "Graph execution error", "Detected at node", "Node:", "Hint:", "Original stack",
+        "File "))] or [type(error).__name__]
     name = type(error).__name__
-    if name == "PermissionDeniedError" or (
-            name == "ResourceExhaustedError" and "space" in text.lower()):
-        return text
-    if name in ("NotFoundError", "FailedPreconditionError") and any(
-            hint in text for hint in ("No such file", "Read-only", "Not a directory")):
-        return text
+    if name == "PermissionDeniedError":
+        return lines[0]
+    if name == "ResourceExhaustedError":
+        return next((line for line in lines if "space" in line.lower()), None)
+    if name in ("NotFoundError", "FailedPreconditionError"):
+        return next((line for line in lines if any(
+            hint in line for hint in ("No such file", "Read-only", "Not a directory"))), None)
     return None
