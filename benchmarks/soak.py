@@ -419,7 +419,7 @@ def main(args):
     flags = ["--model_config_file=%s" % config_file,
              "--model_config_file_poll_wait_seconds=1", "--file_system_poll_wait_seconds=1",
              "--request_log_dir=%s" % log_dir, "--monitoring_config_file=%s" % monitoring,
-             "--enable_batching", "--enable_model_warmup=false"]
+             "--enable_batching", "--enable_model_warmup=false", "--status_page"]
     try:
         server = server_process.ServerProcess(
             flags, "soak", log_path=server_log,

@@ -37,8 +37,13 @@ def _exists(path):
 
 
 def _rmtree(path):
+    """Removes a version or temporary directory; a symlink in its place is removed as a
+    link, never followed (what it points to is not this export base's to delete)."""
     if _is_local(path):
-        shutil.rmtree(path)
+        if os.path.islink(path):
+            os.unlink(path)
+        else:
+            shutil.rmtree(path)
     else:
         _gfile().rmtree(path)
 

@@ -24,6 +24,9 @@ DAY_MS = DAY_SECONDS * 1000
 DAY_MICROS = DAY_MS * 1000
 MAX_RETRIES = 10 ** 6  # at the default minute apart, two years of retries
 MAX_WARMUP_ITERATIONS = 10 ** 4  # each warmup record replayed; warmup delays serving
+MAX_DEVICES = 1024  # devices (or channels) a session config may ask TensorFlow to make
+MAX_REPLICAS = 256  # copies of a graph TensorFlow's auto_parallel rewrite may make
+MAX_VERSIONS = 1024  # versions of one model a version policy may keep loaded
 
 # -1 binds any free port (the server reports the one it got); 0: that API is off.
 PORT = fields.Bound(0, 65535, also=(-1,))

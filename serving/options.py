@@ -18,6 +18,7 @@ benchmarks); give one or the other.
 value out of its bound and the combinations tensorflow_model_server refuses.
 """
 import dataclasses
+import os
 import typing
 
 from slimserve import errors
@@ -103,6 +104,11 @@ class ServerOptions:
         http_server.RestOptions, "header_timeout_seconds", "Drop (408) a REST request "
         "whose headers are not received this long after its first byte.",
         slimserve_only=True)
+    status_page: bool = _of(
+        http_server.RestOptions, "status_page", "Serve the HTML status page at / and "
+        "/status on the REST port: every model's versions and load errors and the last "
+        "minute's traffic (it tells any REST client what the server serves). Off: those "
+        "paths are 404, as in TF Serving.", slimserve_only=True)
     rest_min_request_bytes_per_second: int = _of(
         http_server.RestOptions, "min_request_bytes_per_second", "Drop (408) a REST "
         "request that, --rest_header_timeout_seconds after its first byte, has arrived "
@@ -122,6 +128,12 @@ class ServerOptions:
     allow_version_labels_for_unavailable_models: bool = _of(
         manager.ManagerOptions, "allow_version_labels_for_unavailable_models",
         "Allow assigning a version label to a version that is not yet available.")
+    error_hints: bool = _of(
+        manager.ManagerOptions, "error_hints", "Add hints to NOT_FOUND answers: the served "
+        "model names for a model this server does not serve (which tells any client what "
+        "it serves), and why a served model's base path holds no version (answered "
+        "UNAVAILABLE, so clients retry). Off: TF Serving's exact statuses and messages, "
+        "the hints in the server log only.", slimserve_only=True)
     saved_model_tags: str = _flag("", "Comma-separated tags of the MetaGraphDef to load "
                                   "(empty: serve).")
     num_load_threads: int = _of(manager.ManagerOptions, "num_load_threads",
@@ -228,6 +240,11 @@ class ServerOptions:
     profiler_max_duration_ms: int = _flag(
         60000, "Longest profile (and start delay) a ProfilerService client may ask for; "
         "longer is INVALID_ARGUMENT.", limits.MILLISECONDS, slimserve_only=True)
+    profiler_log_dir: str = _flag(
+        "", "Local directory the ProfilerService may write traces under: a client's "
+        "repository_root must resolve inside it (a relative one is taken under it; '..' "
+        "or a path or symlink leading out is PERMISSION_DENIED). Empty: nothing is "
+        "written, the trace is returned in the ProfileResponse.", slimserve_only=True)
     thread_pool_factory_config_file: str = _flag(
         "", "Text-format ThreadPoolFactoryConfig whose Any holds a "
         "tensorflow.ThreadPoolOptionProto (num_threads, global_name): the inter-op thread "
@@ -271,6 +288,10 @@ class ServerOptions:
         if self.rest_api_port > 0 and self.rest_api_port == self.port:
             raise errors.UserError("--rest_api_port must differ from --port (both %d)"
                                    % self.port)
+        if self.profiler_log_dir and not os.path.isdir(self.profiler_log_dir):
+            raise errors.UserError("--profiler_log_dir %s: not a directory (create it; "
+                                   "traces are written only inside it)"
+                                   % self.profiler_log_dir)
         if self.batching_parameters_file and not self.enable_batching and \
                 self.batching_parameters is None:
             raise errors.UserError("--batching_parameters_file needs --enable_batching")

@@ -35,6 +35,7 @@ from slimserve.serving.config import poller
 from slimserve.serving.config import session
 from slimserve.serving.core import batching as batching_lib
 from slimserve.serving.core import errors
+from slimserve.serving.core import health as health_lib
 from slimserve.serving.core import inference
 from slimserve.serving.core import manager as manager_lib
 from slimserve.serving.core import tflite_servable
@@ -53,14 +54,23 @@ HEALTH_SERVICES = ("", "ModelService", "PredictionService", "tensorflow.serving.
 
 
 def parse_channel_arguments(text):
-    """`a=1,b=x` -> [("a", 1), ("b", "x")] (integers where they parse)."""
+    """`a=1,b=x` -> [("a", 1), ("b", "x")] (integers where they parse, each a 32-bit C
+    int as gRPC takes them; a UserError naming the flag otherwise)."""
     options = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise user_errors.UserError("--grpc_channel_arguments: expected key=value, got %r"
                                         % item)
-        options.append((key, int(value) if value.lstrip("-").isdigit() else value))
+        if value.lstrip("-").isdigit():
+            number = int(value)
+            if not -2 ** 31 <= number < 2 ** 31:  # gRPC channel arguments are C ints
+                raise user_errors.UserError(
+                    "--grpc_channel_arguments: %s=%s must be in [-2147483648, 2147483647] "
+                    "(gRPC takes 32-bit integer arguments)" % (key, value))
+            options.append((key, number))
+        else:
+            options.append((key, value))
     return options
 
 
@@ -147,6 +157,7 @@ def manager_options(options, settings):
         num_unload_threads=options.num_unload_threads,
         allow_version_labels_for_unavailable_models=(
             options.allow_version_labels_for_unavailable_models),
+        error_hints=options.error_hints,
         saved_model_tags=settings.saved_model_tags,
         session_config=session.session_config(options, settings),
         tflite=tflite_servable.TfLiteOptions(options.num_tflite_pools,
@@ -164,7 +175,7 @@ def rest_options(options):
         read_timeout_seconds=options.rest_read_timeout_seconds,
         header_timeout_seconds=options.rest_header_timeout_seconds,
         min_request_bytes_per_second=options.rest_min_request_bytes_per_second,
-        enable_cors=options.rest_api_enable_cors_support)
+        enable_cors=options.rest_api_enable_cors_support, status_page=options.status_page)
 
 
 def request_log_options(options):
@@ -226,8 +237,13 @@ class ModelServer:
         options = (options or options_lib.ServerOptions()).replace(**changes).check()
         self.options = options
         configs, loaded_config, where = _model_configs(options)
+        self._config_source = where
+        # Every background component reports here; the health service follows it.
+        self.component_health = health_lib.Health(on_change=self._health_changed)
+        self._serving = False  # the health service says SERVING only once started
         self.request_logs = request_logs_lib.RequestLogs(options.request_log_dir,
-                                                         request_log_options(options))
+                                                         request_log_options(options),
+                                                         self.component_health)
         log_plan = self.request_logs.plan(configs, where, from_operator=True)
         self.ssl_config = _ssl_config(options)
         monitoring = _monitoring_path(options)
@@ -243,7 +259,8 @@ class ModelServer:
             configs, manager_options(options, settings), on_change=self.metrics.model_event,
             on_load=self.metrics.model_load,
             batching_for=(lambda path: batching_lib.parameters_for_version(
-                path, batching, settings.per_model_batching)) if batching else None)
+                path, batching, settings.per_model_batching)) if batching else None,
+            health=self.component_health)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
                                              self.metrics.observe_queue_wait)
                         if batching else None)
@@ -263,7 +280,7 @@ class ModelServer:
             self._config_poller = poller.ConfigFilePoller(
                 options.model_config_file, options.model_config_file_poll_wait_seconds,
                 lambda config, where: self.reload_config(config, where, from_operator=True),
-                loaded=loaded_config)
+                loaded=loaded_config, health=self.component_health)
         self._reload_lock = threading.Lock()  # one model-set change at a time
         self._grpc = self._grpc_server(options, channel_arguments)
         credentials = tls.grpc_credentials(self.ssl_config) if self.ssl_config else None
@@ -309,7 +326,8 @@ class ModelServer:
             options=list(grpc_options.items()))
         grpc_service.add_to_server(server, self.service, self.reload_config)
         if options.enable_profiler:
-            profiler_service.add_to_server(server, options.profiler_max_duration_ms)
+            profiler_service.add_to_server(server, options.profiler_max_duration_ms,
+                                           options.profiler_log_dir)
             logging.info("Profiler service is enabled")
         self.health = None
         if options.enable_grpc_healthcheck_service:
@@ -318,6 +336,16 @@ class ModelServer:
             for name in HEALTH_SERVICES:
                 self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         return server
+
+    def _health_changed(self, healthy):
+        """The standard health service follows the components' health once the server
+        serves: NOT_SERVING while one of them is failing (core/health.py)."""
+        if getattr(self, "health", None) is None or not getattr(self, "_serving", False):
+            return
+        status = (health_pb2.HealthCheckResponse.SERVING if healthy
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in HEALTH_SERVICES:
+            self.health.set(name, status)
 
     def flush_request_logs(self, timeout=None):
         """Publishes every model's open request log file now (SIGUSR1 to slimserve-server);
@@ -349,8 +377,15 @@ class ModelServer:
                           from_operator)
 
     def start(self):
-        """Loads the initial versions, then starts polling and both front ends."""
-        self.manager.poll()
+        """Loads the initial versions, then starts polling and both front ends. A version
+        label naming a version that did not load stops the start, as in TF Serving (a
+        UserError naming the config)."""
+        try:
+            self.manager.poll()
+        except errors.ServingError as error:
+            self.manager.stop()
+            raise user_errors.UserError("%s: %s" % (self._config_source, error.message)) \
+                from None
         interval = self.options.file_system_poll_wait_seconds
         for name in self.manager.model_names:
             if not self.manager.available_versions(name):  # the manager logged why
@@ -363,9 +398,8 @@ class ModelServer:
         if self._config_poller is not None:
             self._config_poller.start()
         self._grpc.start()
-        if self.health is not None:
-            for name in HEALTH_SERVICES:
-                self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._serving = True
+        self._health_changed(self.component_health.healthy)
         if self._rest is not None:
             self._rest.start()
         logging.info("gRPC on %s:%d%s, REST on %s", self.bind_address, self.port,
@@ -382,6 +416,7 @@ class ModelServer:
         deadline = time.monotonic() + grace
         if self._config_poller is not None:
             self._config_poller.stop()  # no reload starts while draining
+        self._serving = False
         if self.health is not None:
             self.health.enter_graceful_shutdown()
         grpc_done = self._grpc.stop(grace)  # refuses new RPCs now, drains in background

@@ -77,7 +77,7 @@ class Bound:
 
 def _num(value):
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return "%g" % value
+        return "%d" % value
     return repr(value) if isinstance(value, float) else str(value)
 
 

@@ -71,7 +71,8 @@ def server(tmp_path_factory):
     process, port, rest_port = start_server_process(
         ["--model_name=tiny", "--model_base_path=%s" % (root / "tiny"),
          "--monitoring_config_file=%s" % monitoring, "--file_system_poll_wait_seconds=0",
-         "--enable_model_warmup=false"], prefix=CAP, stderr=subprocess.DEVNULL)
+         "--enable_model_warmup=false", "--status_page"], prefix=CAP,
+        stderr=subprocess.DEVNULL)
     yield process, port, rest_port
     process.terminate()
     try:

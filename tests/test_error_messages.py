@@ -1,6 +1,9 @@
 """Errors that name the fix, for a newcomer's first hour: a base path that is missing,
 empty, or a version folder given as the base path; a request for a model the server does
-not serve; a client pointed at a port where nothing listens."""
+not serve; a client pointed at a port where nothing listens.
+
+The hints ride on answers only with --error_hints (TF Serving's exact messages
+otherwise, the hints then in the server log); these tests turn it on."""
 import json
 import logging
 import os
@@ -49,7 +52,7 @@ CASES = {  # model name -> (base path under `bases`, what its message must say)
 def server(bases):
     models = [model_config.ServedModel("good", str(bases / "good"))] + [
         model_config.ServedModel(name, str(bases / path)) for name, (path, _) in CASES.items()]
-    instance = serve_in_process(models)
+    instance = serve_in_process(models, error_hints=True)
     yield instance
     instance.stop()
 
@@ -101,7 +104,7 @@ def test_the_log_says_it_once_and_again_when_it_changes(bases, caplog):
     base = bases / "later"
     base.mkdir()
     instance = serve_in_process([model_config.ServedModel("later", str(base))],
-                                rest_api_port=0)
+                                rest_api_port=0, error_hints=True)
     try:
         for _ in range(3):
             instance.manager.poll()
@@ -128,7 +131,7 @@ def test_server_started_on_a_version_folder_says_so(bases):
     """The newcomer's mistake: --model_base_path=models/flowers/3."""
     process, port, _ = start_server_process(
         ["--model_name=flowers", "--model_base_path=%s" % (bases / "flowers" / "3"),
-         "--rest_api_port=0", "--file_system_poll_wait_seconds=1"])
+         "--rest_api_port=0", "--file_system_poll_wait_seconds=1", "--error_hints"])
     try:
         out = run_command("slimserve.cli.client", "status", "--server=127.0.0.1:%d" % port,
                           "--model_name=flowers")
@@ -153,7 +156,7 @@ def test_unknown_model_is_told_which_models_exist(tmp_path):
     instance = serve_in_process([model_config.ServedModel(n, str(tmp_path / "m"))
                                  for n in names[:1]] +
                                 [model_config.ServedModel(n, str(tmp_path / "none"))
-                                 for n in names[1:]])
+                                 for n in names[1:]], error_hints=True)
     try:
         client = client_lib.Client("127.0.0.1:%d" % instance.port, model_name="nope", retries=0)
         with pytest.raises(grpc.RpcError) as caught:
@@ -173,7 +176,7 @@ def test_unknown_model_is_told_which_models_exist(tmp_path):
     finally:
         instance.stop()
     one = serve_in_process([model_config.ServedModel(long_name, str(tmp_path / "m"))],
-                           rest_api_port=0)
+                           rest_api_port=0, error_hints=True)
     try:
         client = client_lib.Client("127.0.0.1:%d" % one.port, model_name="nope", retries=0)
         with pytest.raises(grpc.RpcError) as caught:

@@ -135,3 +135,19 @@ def test_a_tflite_model_that_disagrees_fails_the_parity_check(tflite_export, tra
         tflite.check_parity(copy, images, spec, 0.99)
     recorded = tflite.read_parity(copy)
     assert recorded["tflite_images"] == 48 and recorded["tflite_agreement"] < 0.99
+
+
+def test_a_full_disk_is_one_line_and_nothing_is_published(trained_run, tmp_path):
+    """--tflite onto a disk that fills while the version is written: one line naming
+    --export_base and why (it was a 34-line traceback), no version and no temporary."""
+    from tests.test_request_log_durability import small_tmpfs  # pylint: disable=import-outside-toplevel
+    with small_tmpfs(str(tmp_path / "disk"), 8 << 20) as disk:
+        base = os.path.join(disk, "export")
+        out = run_cli("slimserve.cli.export", "--model_dir", trained_run, "--export_base",
+                      base, "--tflite", check=False)
+        assert out.returncode == 1, out.stderr[-2000:]
+        assert out.stdout == ""
+        lines = out.stderr.strip().splitlines()
+        assert lines[-1].startswith("slimserve-export: --export_base %s: " % base), lines[-3:]
+        assert "No space left on device" in lines[-1] and "Traceback" not in out.stderr
+        assert os.listdir(base) == []  # nothing published, no temporary left

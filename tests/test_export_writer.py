@@ -161,6 +161,22 @@ def test_prune_keeps_the_newest(tmp_path):
     assert sorted(os.listdir(base)) == [".tmp-13", "10", "12"]
 
 
+def test_pruning_and_cleanup_never_follow_a_symlink_out_of_the_export_base(tmp_path):
+    """A version or temporary that is a symlink is removed as a link: what it points to,
+    outside the export base, keeps every file."""
+    base, outside = tmp_path / "export", tmp_path / "outside"
+    (outside / "variables").mkdir(parents=True)
+    (outside / "saved_model.pb").write_bytes(b"not ours")
+    (base / "12").mkdir(parents=True)
+    os.symlink(outside, base / "3")
+    os.symlink(outside, base / ".tmp-4")
+    assert versions.prune_versions(str(base), 1) == [3]
+    assert versions.remove_stale_temp_dirs(str(base), max_age_seconds=0) == [".tmp-4"]
+    assert sorted(os.listdir(base)) == ["12"]
+    assert (outside / "saved_model.pb").read_bytes() == b"not ours"
+    assert (outside / "variables").is_dir()
+
+
 def test_a_writer_whose_listing_went_stale_moves_on(tmp_path, monkeypatch):
     """The interleaving threads rarely hit: writer B lists the base, then A claims (or
     claims and publishes) the number B picked. B's exclusive mkdir must notice."""

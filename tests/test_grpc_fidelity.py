@@ -136,7 +136,18 @@ def test_empty_model_name_is_invalid_argument(stub):
     _fails(stub.Classify, _classify_request(name=""), grpc.StatusCode.INVALID_ARGUMENT, message)
     _fails(stub.Regress, _regress_request(name=""), grpc.StatusCode.INVALID_ARGUMENT, message)
     metadata = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    metadata.model_spec.SetInParent()
     _fails(stub.GetModelMetadata, metadata, grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def test_a_request_without_model_spec_is_missing_model_spec(stub):
+    """predict_impl.cc, classification_service.cc, regression_service.cc and
+    get_model_metadata_impl.cc check for the ModelSpec before anything else."""
+    for call, request in ((stub.Predict, predict_pb2.PredictRequest()),
+                          (stub.Classify, classification_pb2.ClassificationRequest()),
+                          (stub.Regress, regression_pb2.RegressionRequest()),
+                          (stub.GetModelMetadata, get_model_metadata_pb2.GetModelMetadataRequest())):
+        _fails(call, request, grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
 
 
 def test_get_model_status_ignores_a_label_and_lists_all_versions(model_stub):
@@ -151,7 +162,7 @@ def test_get_model_status_ignores_a_label_and_lists_all_versions(model_stub):
 def test_classify_without_signature_name_uses_serving_default(server, stub):
     # serving_default is a predict signature: TF Serving (method check off) rejects its shape
     _fails(stub.Classify, _classify_request(), grpc.StatusCode.INVALID_ARGUMENT,
-           "No classification inputs found in SignatureDef: serving_default")
+           "No classification inputs found in SignatureDef: inputs {\n  key: \"x\"\n")
     server.service.method_name_check = True  # --enable_signature_method_name_check
     try:
         _fails(stub.Classify, _classify_request(), grpc.StatusCode.INVALID_ARGUMENT,

@@ -185,7 +185,9 @@ def test_broken_only_version_leaves_model_unavailable_not_crashed(tmp_path):
         manager.poll()
         with pytest.raises(errors.ServingError) as caught:
             manager.acquire("m")
-        assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+        # TF Serving's answer when no version of a served model is loaded
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND
+        assert caught.value.message == "Servable not found for request: Latest(m)"
         assert manager.status("m")[0][:2] == (3, "END")
     finally:
         manager.stop()

@@ -133,7 +133,7 @@ def test_status_page_over_http_and_in_headless_chromium(tmp_path):
     open(os.path.join(base, "2", "saved_model.pb"), "wb").write(b"junk <b>bold</b>")
     server = serve_in_process([model_config.ServedModel("tiny<script>", base,
                                                   version_policy.VersionPolicy("all"))],
-                              enable_model_warmup=False)
+                              enable_model_warmup=False, status_page=True)
     try:
         client = client_lib.Client("127.0.0.1:%d" % server.port, model_name="tiny<script>",
                                    version=1, retries=0)

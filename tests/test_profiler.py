@@ -1,5 +1,7 @@
 """tensorflow.ProfilerService on the gRPC port (--enable_profiler, on by default as in TF
-Serving 2.15): TensorFlow's own profiler clients collect a trace of the model runs."""
+Serving 2.15): TensorFlow's own profiler clients collect a trace of the model runs. The
+server writes a trace only inside --profiler_log_dir (else it returns it in the
+response), and no request makes it write anywhere else."""
 import glob
 import os
 import threading
@@ -70,9 +72,11 @@ def _call(port, method, request, response_class, timeout=60):
 
 def test_tensorflows_profiler_clients_trace_the_served_model(tiny_base, tmp_path):
     """TF Serving's test_profiler_service_with_valid_trace_request, plus what it leaves
-    unchecked: the trace lands in <logdir>/plugins/profile/<run>/ and holds the ops the
-    model's session ran (its MatMul and add) while requests came in."""
-    server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0)
+    unchecked: the trace lands in <logdir>/plugins/profile/<run>/ (the logdir inside
+    --profiler_log_dir) and holds the ops the model's session ran (its MatMul and add)
+    while requests came in."""
+    server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
+                              profiler_log_dir=str(tmp_path))
     logdir = str(tmp_path / "logs")
     try:
         with _Traffic(server.port) as traffic:
@@ -89,8 +93,37 @@ def test_tensorflows_profiler_clients_trace_the_served_model(tiny_base, tmp_path
     assert any(name.startswith("add:") for name in ops), sorted(ops)[:50]
 
 
-def test_terminate_ends_a_profile_early(tiny_base, tmp_path):
+def test_without_a_log_dir_the_trace_comes_back_and_nothing_is_written(tiny_base,
+                                                                        tmp_path):
+    """TF's clients still succeed (TF Serving's suite traces this way) and save the trace
+    they receive in ProfileResponse.tool_data themselves; the server writes nothing, even
+    where a request's repository_root points."""
     server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0)
+    logdir, elsewhere = tmp_path / "logs", tmp_path / "elsewhere"
+    request = profiler_service.ProfileRequest(
+        repository_root=str(elsewhere / "plugins" / "profile"), session_id="run",
+        host_name="here")
+    request.opts.duration_ms = 500
+    try:
+        with _Traffic(server.port):
+            profiler_client.trace("localhost:%d" % server.port, str(logdir), 300, "", 10)
+            response = _call(server.port, "Profile", request,
+                             profiler_service.ProfileResponse)
+    finally:
+        server.stop()
+    assert [entry.name for entry in response.tool_data] == ["here.xplane.pb"]
+    assert not response.empty_trace
+    trace = tmp_path / "trace.xplane.pb"
+    trace.write_bytes(response.tool_data[0].data)
+    assert any(name.startswith("MatMul:") for name in _traced_ops(str(trace)))
+    assert not elsewhere.exists()
+    saved = glob.glob(str(logdir / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert len(saved) == 1 and _traced_ops(saved[0])  # the client's own copy
+
+
+def test_terminate_ends_a_profile_early(tiny_base, tmp_path):
+    server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
+                              profiler_log_dir=str(tmp_path))
     request = profiler_service.ProfileRequest(
         repository_root=str(tmp_path / "plugins" / "profile"), session_id="run1",
         host_name="here")
@@ -125,7 +158,8 @@ def test_terminate_ends_a_profile_early(tiny_base, tmp_path):
 ])
 def test_a_profile_request_cannot_run_long_or_write_elsewhere(tiny_base, tmp_path, field,
                                                               value, message):
-    server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0)
+    server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
+                              profiler_log_dir=str(tmp_path))
     request = profiler_service.ProfileRequest(
         repository_root=str(tmp_path / "plugins" / "profile"), session_id="run",
         host_name="here")
@@ -142,6 +176,91 @@ def test_a_profile_request_cannot_run_long_or_write_elsewhere(tiny_base, tmp_pat
         assert not glob.glob(str(tmp_path / "**" / "*.xplane.pb"), recursive=True)
     finally:
         server.stop()
+
+
+@pytest.fixture
+def escape(tmp_path):
+    """--profiler_log_dir `allowed`, a directory `outside` beside it holding a file the
+    server must not touch, and symlinks inside `allowed` that lead out."""
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (outside / "plugins" / "profile" / "run").mkdir(parents=True)
+    (outside / "plugins" / "profile" / "run" / "here.xplane.pb").write_bytes(b"precious")
+    (allowed / "logs" / "plugins" / "profile").mkdir(parents=True)
+    os.symlink(outside, allowed / "link")
+    os.symlink(outside / "plugins" / "profile" / "run",
+               allowed / "logs" / "plugins" / "profile" / "linked_run")
+    return allowed, outside
+
+
+def _snapshot(folder):
+    return {str(path): (path.read_bytes() if path.is_file() and not path.is_symlink()
+                        else None) for path in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("root, session", [
+    ("{allowed}/../outside/plugins/profile", "run"),
+    ("logs/../../outside/plugins/profile", "run"),
+    ("{outside}/plugins/profile", "run"),
+    ("/plugins/profile", "run"),
+    ("{allowed}/link/plugins/profile", "run"),
+    ("link/plugins/profile", "run"),
+    ("{allowed}/logs/plugins/profile", "linked_run"),
+])
+def test_no_repository_root_leads_out_of_the_log_dir(tiny_base, escape, root, session):
+    """`..`, absolute paths outside and symlinks out are PERMISSION_DENIED before the
+    profiler starts; nothing outside changes (a file there keeps its bytes)."""
+    allowed, outside = escape
+    before = _snapshot(outside)
+    server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
+                              profiler_log_dir=str(allowed))
+    request = profiler_service.ProfileRequest(
+        repository_root=root.format(allowed=allowed, outside=outside), session_id=session,
+        host_name="here")
+    request.opts.duration_ms = 10
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            _call(server.port, "Profile", request, profiler_service.ProfileResponse)
+    finally:
+        server.stop()
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "--profiler_log_dir" in refused.value.details()
+    if str(allowed) not in request.repository_root:  # the server names none of its paths
+        assert str(allowed) not in refused.value.details()
+    assert _snapshot(outside) == before
+
+
+def test_a_relative_root_lands_inside_and_a_planted_symlink_is_replaced(tiny_base, escape):
+    allowed, outside = escape
+    planted = allowed / "logs" / "plugins" / "profile" / "run2"
+    planted.mkdir()
+    os.symlink(outside / "plugins" / "profile" / "run" / "here.xplane.pb",
+               planted / "here.xplane.pb")
+    before = _snapshot(outside)
+    server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
+                              profiler_log_dir=str(allowed))
+    try:
+        for session in ("run1", "run2"):
+            request = profiler_service.ProfileRequest(
+                repository_root="logs/plugins/profile", session_id=session, host_name="here")
+            request.opts.duration_ms = 50
+            response = _call(server.port, "Profile", request,
+                             profiler_service.ProfileResponse)
+            assert not response.tool_data  # written, not returned
+    finally:
+        server.stop()
+    for session in ("run1", "run2"):
+        trace = allowed / "logs" / "plugins" / "profile" / session / "here.xplane.pb"
+        assert trace.is_file() and not trace.is_symlink()
+        xplane_pb2.XSpace.FromString(trace.read_bytes())
+    assert _snapshot(outside) == before
+    assert not list(allowed.rglob(".xplane-*"))  # no temporary left
+
+
+def test_profiler_log_dir_must_be_a_directory(tiny_base, tmp_path):
+    from slimserve import errors  # pylint: disable=import-outside-toplevel
+    with pytest.raises(errors.UserError, match="--profiler_log_dir .*: not a directory"):
+        serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
+                         profiler_log_dir=str(tmp_path / "missing"))
 
 
 def test_enable_profiler_false_leaves_the_service_out(tiny_base, tmp_path):
@@ -165,7 +284,7 @@ def test_tflite_runs_show_in_the_trace(tmp_path):
     base = tmp_path / "lite"
     tflite_models.half_plus_two(base)
     server = serve_in_process([ServedModel("tiny", str(base))], rest_api_port=0,
-                              prefer_tflite_model=True)
+                              prefer_tflite_model=True, profiler_log_dir=str(tmp_path))
     logdir = str(tmp_path / "logs")
     stop = threading.Event()
 

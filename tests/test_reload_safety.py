@@ -3,6 +3,7 @@ HandleReloadConfigRequest or config-file edit changes nothing, a network client 
 pick where the server writes (--request_log_dir), the config poller survives any edit,
 and a log directory that cannot be created is one clear line. Real gRPC on loopback."""
 import os
+import shutil
 import threading
 
 import grpc
@@ -139,8 +140,9 @@ def test_request_log_dir_confines_every_prefix(bases, tmp_path):
     try:
         with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
             assert _predict(channel, "tiny") == 2
+            os.symlink(attacker, logs / "link")  # a symlink inside leading out
             for prefix in (str(attacker / "x"), "../attacker/x", "sub/../../attacker/x",
-                           "gs://bucket/x"):
+                           "gs://bucket/x", "link/x", str(logs / "link" / "x")):
                 code, details = _reload(channel, _entry("tiny", tiny),
                                         _entry("other", other, prefix))
                 assert code == INVALID, (prefix, details)
@@ -239,3 +241,37 @@ def test_in_process_configs_are_the_operators(bases, tmp_path):
     finally:
         server.stop()
     assert os.path.isdir(os.path.dirname(prefix))
+
+
+def _tree(root):
+    """{path: (size, mtime_ns)} of every file and directory under `root`."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            stat = os.lstat(path)
+            found[path] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def test_a_reload_only_reads_the_base_paths_and_warmup_it_names(bases, tmp_path):
+    """A ReloadConfigRequest may name any base path (as in TF Serving: it is read, a
+    version loaded, its warmup records replayed): nothing is written there or anywhere
+    else the request names, `..` in the path included."""
+    tiny, _ = bases
+    target = tmp_path / "theirs" / "model"
+    shutil.copytree(os.path.join(tiny, "2"), target / "5")
+    from tests.test_model_lifecycle import _write_warmup  # pylint: disable=import-outside-toplevel
+    _write_warmup(str(target / "5"), [[1.0, 2.0]])
+    server, _ = _server(tmp_path, _entry("tiny", tiny))
+    server.manager.options.warmup = True  # replay the warmup of what the reload names
+    before = _tree(tmp_path)
+    try:
+        with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
+            dotted = str(tmp_path / "theirs" / ".." / "theirs" / "model")
+            code, details = _reload(channel, _entry("tiny", tiny), _entry("theirs", dotted))
+            assert code == grpc.StatusCode.OK, details
+            assert _predict(channel, "theirs") == 5
+    finally:
+        server.stop()
+    assert _tree(tmp_path) == before

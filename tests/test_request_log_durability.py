@@ -4,9 +4,13 @@ records, and SIGUSR1 publishing the open file. Real files, a real tmpfs that fil
 a real slimserve-server process killed for real, under a memory cap."""
 import concurrent.futures
 import contextlib
+import logging
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import urllib.request
 
 import grpc
@@ -22,7 +26,7 @@ from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import wait_until
-from tests.helpers import start_server_process
+from tests.helpers import ROOT, start_server_process
 
 CAP = ["prlimit", "--as=%d" % (3 * 1024 ** 3)]  # a regression fails instead of swapping
 
@@ -71,7 +75,14 @@ def small_tmpfs(path, size):
         subprocess.run(["umount", "-l", path], check=False)
 
 
-def test_a_full_disk_loses_only_the_records_it_could_not_write(tmp_path):
+def _warnings(caplog, prefix):
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and r.getMessage().startswith(
+                "request log %s:" % prefix)]
+
+
+def test_a_full_disk_loses_only_the_records_it_could_not_write(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
     with small_tmpfs(str(tmp_path / "disk"), 1 << 20) as disk:
         filler = os.path.join(disk, "filler")
         with open(filler, "wb") as handle:  # leaves room for ~25 records of 8 KiB
@@ -98,6 +109,76 @@ def test_a_full_disk_loses_only_the_records_it_could_not_write(tmp_path):
         assert len(logs) == logger.written
         assert [r.torn_bytes for r in report] == [0] * len(names)
         assert logger.drops == {"RESOURCE_EXHAUSTED": full}  # counted as TF Serving would
+        # One line when the disk fills, naming the file and why; one when it writes again.
+        said = _warnings(caplog, prefix)
+        assert len(said) == 2, said
+        assert said[0].startswith("request log %s: cannot write %s" % (
+            prefix, os.path.join(disk, "logs", ".tiny-"))), said[0]
+        assert ": No space left on device; sampled records are dropped" in said[0]
+        assert said[1] == "request log %s: writing again after %d record(s) lost" % (
+            prefix, full)
+
+
+# A logger run as an unprivileged user (root ignores file modes) whose directory stops
+# accepting files: chmod 555 while a file is open, then 755 again.
+_UNPRIVILEGED = r"""
+import logging, os, sys
+sys.path.insert(0, os.getcwd())
+logging.basicConfig(level=logging.INFO, format="LOG %(levelname)s %(message)s")
+from slimserve.serving.observability import request_log
+from tests.test_request_log_durability import _pair, _spec, _settled
+os.setgid(65534)
+os.setuid(65534)
+prefix = sys.argv[1]
+logger = request_log.RequestLogger(prefix, 1.0)
+def log(count, total):
+    for _ in range(count):
+        logger.maybe_log("predict", *_pair(3), _spec())
+    _settled(logger, total)
+log(5, 5)
+os.chmod(os.path.dirname(prefix), 0o555)
+logger.flush(30)   # the open file cannot be published
+log(5, 10)         # nor can a new one be made: these are lost
+print("HIDDEN", sorted(n for n in os.listdir(os.path.dirname(prefix)) if n.startswith(".")))
+print("READABLE", len(request_log.read_logs(prefix + "*")))
+os.chmod(os.path.dirname(prefix), 0o755)
+log(5, 15)
+logger.close()
+print("COUNTS", logger.written, dict(logger.drops))
+"""
+
+
+def test_a_directory_that_refuses_files_is_one_line_and_nothing_half_written(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("dropping to an unprivileged user needs root")
+    top = tempfile.mkdtemp()  # the unprivileged user must reach it: not under tmp_path
+    try:
+        os.chmod(top, 0o755)
+        logs = os.path.join(top, "logs")
+        os.mkdir(logs)
+        os.chown(logs, 65534, 65534)
+        prefix = os.path.join(logs, "tiny")
+        done = subprocess.run(CAP + [sys.executable, "-c", _UNPRIVILEGED, prefix],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+        # While refused: the unpublished file stays hidden, its records readable.
+        assert len(eval(out["HIDDEN"])) == 1 and out["READABLE"] == "5"  # pylint: disable=eval-used
+        assert out["COUNTS"] == "10 {'PERMISSION_DENIED': 5}"
+        said = [line.split(" ", 2)[2] for line in done.stderr.splitlines()
+                if line.startswith("LOG WARNING request log %s:" % prefix)]
+        assert said[0].startswith("request log %s: cannot publish %s" % (
+            prefix, os.path.join(logs, ".tiny-")))
+        assert ": Permission denied; its complete records stay readable" in said[0]
+        assert said[1:] == ["request log %s: writing again after 5 record(s) lost" % prefix,
+                            "request log %s: publishing again" % prefix], said
+        # Afterwards: every file published, every written record readable, no temporary.
+        assert _hidden(logs) == []
+        report = []
+        assert len(request_log.read_logs(prefix + "*", report=report)) == 10
+        assert all(not r.torn_bytes and not r.recovered for r in report)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_two_loggers_with_one_prefix_never_share_a_file(tmp_path):

@@ -12,6 +12,7 @@ from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from slimserve.serving.api import rest_api
 from slimserve.serving.config.model_config import ServedModel
 from slimserve.serving.core import errors
 from slimserve.serving.core.version_policy import VersionPolicy
@@ -68,9 +69,12 @@ def test_errors_are_json_with_the_http_status_of_their_code(stack, method, path,
     assert text in json.loads(payload)["error"]
 
 
-def test_paths_outside_the_api_get_tf_servings_404_and_the_status_page(stack):
+def test_paths_outside_the_api_get_tf_servings_404_and_the_status_page(stack, tiny_base):
     assert stack.rest("GET", "/nothing/here")[0] == 404
-    status, headers, page = stack.rest("GET", "/status")
+    for path in ("/", "/status"):  # TF Serving has no page there: 404 unless --status_page
+        assert stack.rest("GET", path)[:3:2] == (404, rest_api.NOT_FOUND_BODY)
+    with InProcess([ServedModel("tiny", tiny_base)], status_page=True) as paged:
+        status, headers, page = paged.rest("GET", "/status")
     assert status == 200 and b"tiny" in page
     status, _, text = stack.rest("GET", "/monitoring/prometheus/metrics")
     assert status == 200 and b":tensorflow:serving:request_count" in text

@@ -1,6 +1,8 @@
 """gRPC PredictionService (Predict, Classify, Regress, MultiInference, GetModelMetadata)
 and ModelService (GetModelStatus, HandleReloadConfigRequest) with TF Serving's
 request/response protos and status codes."""
+import logging
+
 import grpc
 from tensorflow_serving.apis import classification_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2
@@ -36,20 +38,56 @@ def _abort(context, error):
     context.abort(error.code, error.message)
 
 
+def _internal_errors(method):
+    """An exception that is not a ServingError (a failure of the server itself, e.g. of a
+    component a request reached) answers INTERNAL and is logged with its traceback,
+    instead of gRPC's UNKNOWN "Exception calling application"."""
+    import functools  # pylint: disable=import-outside-toplevel
+
+    @functools.wraps(method)
+    def wrapped(self, request, context):
+        try:
+            return method(self, request, context)
+        except Exception as error:  # pylint: disable=broad-except
+            if _aborted(context):
+                raise  # context.abort's own way out
+            logging.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, errors.scrub_paths(
+                "%s: %s" % (type(error).__name__, error)))
+    return wrapped
+
+
+def _aborted(context):
+    """Whether context.abort already ended the call (grpc's context marks its state; the
+    in-process stand-in keeps the code it was given)."""
+    state = getattr(context, "_state", None)
+    if state is not None:
+        return bool(getattr(state, "aborted", False))
+    code = getattr(context, "code", None)
+    return code is not None and not callable(code)
+
+
+def _spec_of(request):
+    """The request's ModelSpec as (name, version, label); INVALID_ARGUMENT "Missing
+    ModelSpec" when the request has none, as TF Serving's predict_impl.cc,
+    classification_service.cc, regression_service.cc and get_model_metadata_impl.cc."""
+    if not request.HasField("model_spec"):
+        raise errors.invalid("Missing ModelSpec")
+    return model_spec_args(request.model_spec)
+
+
 def serialized_examples(input_proto):
-    """tensorflow.serving.Input -> [serialized tf.Example] (context merged in, as util.cc)."""
+    """tensorflow.serving.Input -> [serialized tf.Example] (the context's bytes before
+    each example's, as util.cc)."""
     kind = input_proto.WhichOneof("kind")
     if kind == "example_list":
         return [e.SerializeToString() for e in input_proto.example_list.examples]
     if kind == "example_list_with_context":
-        context = input_proto.example_list_with_context.context
-        out = []
-        for example in input_proto.example_list_with_context.examples:
-            merged = type(example)()
-            merged.CopyFrom(context)
-            merged.MergeFrom(example)
-            out.append(merged.SerializeToString())
-        return out
+        # The context's bytes, then the example's: what TF Serving feeds
+        # (InputToSerializedExampleTensor); parsed, the example's features win.
+        context = input_proto.example_list_with_context.context.SerializeToString()
+        return [context + example.SerializeToString()
+                for example in input_proto.example_list_with_context.examples]
     return []
 
 
@@ -61,10 +99,12 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         """Request logging (the model's logging_config), after the answer is built."""
         self._service.log_request(name, api, lambda: (request, response, model_spec))
 
+    @_internal_errors
     def Predict(self, request, context):  # noqa: N802  (gRPC method name)
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "predict") as call:
+                _spec_of(request)
                 service = self._service
 
                 def decode(sig):
@@ -89,10 +129,12 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._log(name, "predict", request, response, response.model_spec)
         return response
 
+    @_internal_errors
     def Classify(self, request, context):  # noqa: N802
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "classify") as call:
+                _spec_of(request)
                 version, sig_name, classes, scores = self._service.classify(
                     name, version, label, request.model_spec.signature_name,
                     serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
@@ -105,10 +147,12 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._log(name, "classify", request, response, response.model_spec)
         return response
 
+    @_internal_errors
     def Regress(self, request, context):  # noqa: N802
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "regress") as call:
+                _spec_of(request)
                 version, sig_name, outputs = self._service.regress(
                     name, version, label, request.model_spec.signature_name,
                     serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
@@ -122,6 +166,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._log(name, "regress", request, response, response.model_spec)
         return response
 
+    @_internal_errors
     def MultiInference(self, request, context):  # noqa: N802
         first = request.tasks[0].model_spec if request.tasks else None
         name, version, label = model_spec_args(first) if first else ("", None, None)
@@ -149,10 +194,12 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                       response.results[0].model_spec)
         return response
 
+    @_internal_errors
     def GetModelMetadata(self, request, context):  # noqa: N802
         name, version, label = model_spec_args(request.model_spec)
         try:
             with self._service.observe(name, "metadata"):
+                _spec_of(request)
                 fields = list(request.metadata_field)
                 if not fields:
                     raise errors.invalid("GetModelMetadataRequest must specify at least one "
@@ -180,6 +227,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         self._service = service
         self._reload_config = reload_config
 
+    @_internal_errors
     def GetModelStatus(self, request, context):  # noqa: N802
         if not request.HasField("model_spec"):
             return _abort(context, errors.invalid("Missing ModelSpec"))
@@ -199,6 +247,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
                 entry.status.error_message = message
         return response
 
+    @_internal_errors
     def HandleReloadConfigRequest(self, request, context):  # noqa: N802
         response = model_management_pb2.ReloadConfigResponse()
         try:

@@ -41,13 +41,24 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeo
             503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
+def request_target(environ):
+    """The request's path with its query and fragment, still percent-encoded: what TF
+    Serving's routes match (its uri_path() is evhttp's path, `?query` and `#fragment`),
+    so `/v1/models/m:predict?x=1` is a malformed request there and here."""
+    target = environ.get("REQUEST_URI") or environ.get("PATH_INFO") or "/"
+    if not target.startswith("/"):  # absolute form: http://host:port/path?query
+        parts = urllib.parse.urlsplit(target)
+        target = target[len(parts.scheme) + 3 + len(parts.netloc):] if parts.netloc \
+            else target
+    return target or "/"
+
+
 def wsgi_app(api):
     """The WSGI entry point of `api` (a RestApi): reads the (already fully buffered) body
     and answers with what api.handle returns."""
 
     def app(environ, start_response):
-        path = urllib.parse.urlsplit(environ.get("REQUEST_URI") or
-                                     environ.get("PATH_INFO", "/")).path
+        path = request_target(environ)
         method = environ["REQUEST_METHOD"]
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -335,6 +346,10 @@ class RestOptions:
         flag="rest_min_request_bytes_per_second")
     enable_cors: bool = fields.option(False, "Add TF Serving's CORS headers to every /v1 "
                                       "answer.", flag="rest_api_enable_cors_support")
+    status_page: bool = fields.option(
+        False, "Serve the HTML status page at / and /status (every model's versions and "
+        "the last minute's traffic: it tells any REST client what the server serves); "
+        "off, those paths are 404 as in TF Serving.")
 
 
 class RestServer:
@@ -350,7 +365,7 @@ class RestServer:
         options = fields.check(options if options is not None else RestOptions())
         self.options = options
         self.api = rest_api.RestApi(service, metrics, monitoring_path, options.timeout_ms,
-                                    options.enable_cors)
+                                    options.enable_cors, options.status_page)
         self._server = _Server(
             wsgi_app(self.api), host=address, port=port, threads=options.num_threads,
             # the map also holds the listening socket and the wake-up pipe

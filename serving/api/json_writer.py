@@ -17,6 +17,7 @@ What that means on the wire:
   int64 as strings, enums by name, a trailing newline.
 """
 import base64
+import codecs
 import math
 import re
 
@@ -31,6 +32,31 @@ INDENT = 4  # rapidjson PrettyWriter's default
 _ESCAPE = re.compile(r'[\x00-\x1f"\\]')
 _SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"',
           "\\": "\\\\"}
+
+
+def _raw_surrogates(error):
+    """Encoding error handler: a surrogate U+DC80..U+DCFF stands for a request byte that
+    was not UTF-8 (json_reader reads bodies with surrogateescape) and is that byte again;
+    any other surrogate came from a `\\u` escape and is written as rapidjson writes a
+    lone surrogate, its three UTF-8-style bytes."""
+    out = bytearray()
+    for char in error.object[error.start:error.end]:
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(code - 0xDC00)
+        elif 0xD800 <= code <= 0xDFFF:
+            out += bytes((0xE0 | code >> 12, 0x80 | (code >> 6) & 0x3F, 0x80 | code & 0x3F))
+        else:
+            raise error
+    return bytes(out), error.end
+
+
+codecs.register_error("slimserve.raw_surrogates", _raw_surrogates)
+
+
+def to_bytes(text):
+    """A str read from a request (or written from bytes) -> the bytes it stands for."""
+    return text.encode("utf-8", "slimserve.raw_surrogates")
 
 
 def _escape_char(match):
@@ -97,8 +123,7 @@ def _tokens(array, bytes_name, depth):
     if dtype == tf.bool:
         return ["true" if v else "false" for v in flat.tolist()]
     if dtype == tf.string:
-        items = [v if isinstance(v, bytes) else str(v).encode("utf-8")
-                 for v in flat.tolist()]
+        items = [v if isinstance(v, bytes) else to_bytes(str(v)) for v in flat.tolist()]
         if not bytes_name:
             return [string(v) for v in items]
         inner, outer = " " * (INDENT * (depth + 1)), " " * (INDENT * depth)

@@ -4,10 +4,20 @@ as in TF Serving 2.15, which registers TensorFlow's profiler service there).
 TensorBoard's "Capture profile", `tf.profiler.experimental.client.trace(
 'grpc://host:port', logdir, ms)` and TF's `profiler_client.trace` send a `Profile`
 request; like TF's ProfilerServiceImpl (tsl/profiler/rpc/profiler_service_impl.cc) the
-server runs TensorFlow's profiler in process for the requested duration and writes the
-trace itself to `<repository_root>/<session_id>/<host_name>.xplane.pb` (the client asks
-for `<logdir>/plugins/profile`, which TensorBoard's profile plugin reads). `Terminate`
+server runs TensorFlow's profiler in process for the requested duration. `Terminate`
 ends a session early; `Monitor` is UNIMPLEMENTED, as there.
+
+Where the trace goes is the operator's choice, never a client's:
+- without --profiler_log_dir nothing is written: the trace comes back in the response
+  (`ProfileResponse.tool_data`, one `<host>.xplane.pb` entry, a field of TF's own
+  ProfileResponse); TF's clients then succeed and write nothing;
+- with --profiler_log_dir, TF Serving's behaviour inside that directory: the server
+  writes `<repository_root>/<session_id>/<host_name>.xplane.pb` (the client asks for
+  `<logdir>/plugins/profile`, which TensorBoard's profile plugin reads), where
+  repository_root must resolve (symlinks followed) inside the directory: a relative one is
+  taken under it; `..` anywhere, or an absolute path or symlink leading out, is
+  PERMISSION_DENIED. The file is written to a temporary name and renamed, so a symlink
+  planted at its name is replaced, not followed, and a reader never sees half a trace.
 
 The wheel ships no Python messages for profiler_service.proto, so they are built here
 from its field list by config/descriptors.py (as config/messages.py builds TF Serving's
@@ -15,9 +25,8 @@ config messages), in a private descriptor pool; `ProfileOptions` is the wheel's 
 profiler_options.proto.
 
 Bounds this server adds: a duration or start delay above --profiler_max_duration_ms is
-INVALID_ARGUMENT, and the trace is only written under a directory ending in
-`plugins/profile` with a single-component session id and host name (every TF client
-asks for exactly that), so a client cannot make the server write elsewhere.
+INVALID_ARGUMENT; the trace directory must end in `plugins/profile` and the session id
+and host name be single path components (every TF client asks for exactly that).
 """
 import logging
 import os
@@ -87,7 +96,7 @@ class _Refused(Exception):
 
 
 def _check_request(request, max_duration_ms):
-    """(duration s, delay s, trace path) of a request, or _Refused naming its field."""
+    """(duration s, delay s, host name) of a request, or _Refused naming its field."""
     duration_ms = request.opts.duration_ms or request.duration_ms  # TF reads opts'
     if duration_ms > max_duration_ms:
         raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.opts.duration_ms "
@@ -100,18 +109,71 @@ def _check_request(request, max_duration_ms):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.opts."
                            "start_timestamp_ns is %.0f ms away, above "
                            "--profiler_max_duration_ms=%d" % (delay_ms, max_duration_ms))
-    root = request.repository_root.rstrip("/")
-    parts = root.replace("\\", "/").split("/")
-    if tuple(parts[-2:]) != PLUGIN_DIR or len(parts) < 3:
-        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.repository_root "
-                       "%r is not <logdir>/plugins/profile" % request.repository_root)
     host = request.host_name or socket.gethostname()
     for field, value in (("session_id", request.session_id), ("host_name", host)):
-        if not value or value in (".", "..") or "/" in value or "\\" in value:
+        if not value or value in (".", "..") or "/" in value or "\\" in value or \
+                "\0" in value:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.%s %r is not "
                            "one path component" % (field, value))
-    return (duration_ms / 1000.0, delay_ms, os.path.join(root, request.session_id,
-                                                         host + XPLANE_SUFFIX))
+    return duration_ms / 1000.0, delay_ms, host
+
+
+def trace_path(log_dir, request, host):
+    """Where a trace of `request` is written under the operator's `log_dir` (a local
+    directory), or _Refused: `repository_root` must end in plugins/profile, hold no `..`
+    and resolve (symlinks followed) inside log_dir; a relative one is taken under it."""
+    root = request.repository_root
+    parts = root.replace("\\", "/").rstrip("/").split("/")
+    if tuple(parts[-2:]) != PLUGIN_DIR or len(parts) < 3 or "\0" in root:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "ProfileRequest.repository_root "
+                       "%r is not <logdir>/plugins/profile" % root)
+    if ".." in parts:
+        raise _Refused(grpc.StatusCode.PERMISSION_DENIED, "ProfileRequest.repository_root "
+                       "%r holds '..'; this server writes profiles only inside the "
+                       "directory its operator named (--profiler_log_dir)" % root)
+    base = os.path.realpath(log_dir)
+    target = os.path.realpath(os.path.join(base, root.replace("\\", "/")))
+    if os.path.commonpath([base, target]) != base:
+        raise _Refused(grpc.StatusCode.PERMISSION_DENIED, "ProfileRequest.repository_root "
+                       "%r is outside the directory this server writes profiles to "
+                       "(--profiler_log_dir)" % root)
+    session = os.path.join(target, request.session_id)
+    if os.path.islink(session) or os.path.commonpath(
+            [base, os.path.realpath(session)]) != base:
+        raise _Refused(grpc.StatusCode.PERMISSION_DENIED, "ProfileRequest.session_id %r "
+                       "leads outside --profiler_log_dir" % request.session_id)
+    return os.path.join(session, host + XPLANE_SUFFIX)
+
+
+def _write_inside(log_dir, path, data):
+    """Writes `data` at `path` (checked by trace_path) whole: directories made one by one
+    refusing any that turns out to be a symlink, then a temporary file renamed over the
+    name (a symlink there is replaced, not followed)."""
+    base = os.path.realpath(log_dir)
+    folder = os.path.dirname(path)
+    relative = os.path.relpath(folder, base)
+    current = base
+    for part in [] if relative == "." else relative.split(os.sep):
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            pass
+        if os.path.islink(current) or not os.path.isdir(current):
+            raise OSError("%s is not a directory of --profiler_log_dir" % current)
+    handle, temporary = tempfile.mkstemp(prefix=".xplane-", dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def _options(opts, delay_ms):
@@ -131,16 +193,20 @@ def is_empty(xspace_bytes):
 
 
 class ProfilerService:
-    """Profile / Terminate / Monitor, registered on a grpc.Server by add_to_server."""
+    """Profile / Terminate / Monitor, registered on a grpc.Server by add_to_server.
+    log_dir: --profiler_log_dir (a local directory; "" or None: traces are returned in
+    the response and nothing is written)."""
 
-    def __init__(self, max_duration_ms):
+    def __init__(self, max_duration_ms, log_dir=None):
         self.max_duration_ms = max_duration_ms
+        self.log_dir = log_dir or None
         self._lock = threading.Lock()
         self._running = {}  # session id -> threading.Event set by Terminate
 
     def profile(self, request, context):
         try:
-            duration, delay_ms, path = _check_request(request, self.max_duration_ms)
+            duration, delay_ms, host = _check_request(request, self.max_duration_ms)
+            path = trace_path(self.log_dir, request, host) if self.log_dir else None
         except _Refused as refused:
             context.abort(refused.code, str(refused))
         scratch = tempfile.mkdtemp(prefix="slimserve-profile-")
@@ -173,15 +239,21 @@ class ProfilerService:
                 context.abort(grpc.StatusCode.INTERNAL, "the profiler wrote no trace")
             with open(written[0], "rb") as handle:
                 data = handle.read()
+            response = ProfileResponse(empty_trace=is_empty(data))
+            if path is None:
+                response.tool_data.add(name=host + XPLANE_SUFFIX, data=data)
+                logging.info("profile of %.0f ms returned to the client (%d bytes)",
+                             duration * 1000, len(data))
+                return response
             try:
-                tf.io.gfile.makedirs(os.path.dirname(path))
-                with tf.io.gfile.GFile(path, "wb") as handle:
-                    handle.write(data)
-            except (tf.errors.OpError, OSError) as error:
-                context.abort(grpc.StatusCode.INTERNAL, "cannot write %s: %s" % (
-                    path, getattr(error, "message", error)))
+                _write_inside(self.log_dir, path, data)
+            except OSError as error:
+                logging.error("profile not written to %s: %s", path,
+                              error.strerror or error)
+                context.abort(grpc.StatusCode.INTERNAL, "cannot write the profile: %s"
+                              % (error.strerror or "not a directory of --profiler_log_dir"))
             logging.info("profile of %.0f ms written to %s", duration * 1000, path)
-            return ProfileResponse(empty_trace=is_empty(data))
+            return response
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -200,9 +272,9 @@ class ProfilerService:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "unimplemented.")
 
 
-def add_to_server(server, max_duration_ms):
+def add_to_server(server, max_duration_ms, log_dir=None):
     """Registers tensorflow.ProfilerService on `server`; returns the servicer."""
-    servicer = ProfilerService(max_duration_ms)
+    servicer = ProfilerService(max_duration_ms, log_dir)
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             method, request_deserializer=request.FromString,

@@ -8,6 +8,7 @@
     POST /v1/models/{name}[/versions/{v} | /labels/{l}]:regress    "examples" (+ "context")
     GET  /monitoring/prometheus/metrics                            when monitoring is on
     GET  / or /status                                              the HTML status page
+                                                                   (--status_page)
 
 Routing follows http_rest_api_util.cc: the paths match case-insensitively, anything else
 under /v1/ is 400 "Malformed request", other paths 404. Every answer, errors included, is
@@ -17,6 +18,7 @@ Transport-free, as TF Serving's http_rest_api_handler is apart from its http_ser
 `RestApi.handle(method, path, headers, body)` -> (status, headers, body); the waitress
 server that carries it is http_server.py.
 """
+import logging
 import os
 import re
 import urllib.parse
@@ -32,11 +34,12 @@ from slimserve.serving.core import inference as service_lib
 from slimserve.serving.observability import status_page
 
 STATUS_PAGE_PATHS = ("/", "/status")
+# http_rest_api_util.cc's two patterns (RE2's \d is ASCII only, so [0-9] here).
 _PREDICTION_PATH = re.compile(
-    r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)",
+    r"/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?:(classify|regress|predict)",
     re.IGNORECASE)
 _STATUS_PATH = re.compile(
-    r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(?:/(metadata))?",
+    r"/v1/models(?:/([^/:]+))?(?:/versions/([0-9]+)|/labels/([^/:]+))?(?:/(metadata))?",
     re.IGNORECASE)
 _API_PATH = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)
 _ORIGIN = re.compile(r"https?://")
@@ -55,7 +58,7 @@ def default_num_threads():
 
 def error_body(message):
     """An error answer's body, as TF Serving's MakeJsonFromStatus writes it."""
-    return json_writer.error(message).encode("utf-8", "surrogateescape")
+    return json_writer.to_bytes(json_writer.error(message))
 
 
 # What TF Serving's HTTP server (libevent's evhttp_send_error) answers for a path no
@@ -65,9 +68,21 @@ NOT_FOUND_BODY = (b"<HTML><HEAD>\n<TITLE>404 Not Found</TITLE>\n</HEAD><BODY>\n"
                   b"<H1>Not Found</H1>\n</BODY></HTML>\n")
 
 
+def decode_arg(text):
+    """A model name or label from the path, percent-decoded as TF Serving's DecodeArg
+    (curl_easy_unescape: %XX only, `+` kept, bytes as they are). The path arrives as
+    the HTTP server decoded its bytes (latin-1); the result is those bytes read as UTF-8,
+    undecodable ones kept as surrogates (written back as the same bytes)."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:  # an in-process caller's str
+        raw = text.encode("utf-8", "surrogateescape")
+    return urllib.parse.unquote_to_bytes(raw).decode("utf-8", "surrogateescape")
+
+
 def _spec(name, version, label):
-    name = urllib.parse.unquote(name) if name else name
-    label = urllib.parse.unquote(label) if label else None
+    name = decode_arg(name) if name else name
+    label = decode_arg(label) if label else None
     if version:
         number = int(version)
         if number > _INT64_MAX:
@@ -88,7 +103,7 @@ class RestApi:
     """Method + raw path + body -> (HTTP status, headers, body); no transport in here."""
 
     def __init__(self, service, metrics=None, monitoring_path=None,
-                 timeout_ms=DEFAULT_TIMEOUT_MS, enable_cors=False):
+                 timeout_ms=DEFAULT_TIMEOUT_MS, enable_cors=False, status_page=False):
         """timeout_ms: --rest_api_timeout_in_ms; a request's inference gets what is left
         of it as its deadline (core/deadlines.py: the session run is cancelled when it
         passes, and the request answered 504 DEADLINE_EXCEEDED); <= 0: none."""
@@ -98,6 +113,7 @@ class RestApi:
         self._monitoring_path = monitoring_path
         self._timeout_ms = timeout_ms
         self._timeout_source = "rest_api_timeout_in_ms=%d" % timeout_ms
+        self._status_page = status_page  # --status_page (off: 404, as TF Serving)
 
     def handle(self, method, path, headers, body):
         """headers: a dict with lower-case keys (only "origin" is read)."""
@@ -105,7 +121,8 @@ class RestApi:
                 self._metrics is not None and method == "GET":
             return 200, [("Content-Type", "text/plain; version=0.0.4")], \
                 self._metrics.render().encode()
-        if method == "GET" and path in STATUS_PAGE_PATHS:
+        if self._status_page and method == "GET" and path.split("?", 1)[0] in \
+                STATUS_PAGE_PATHS:
             return 200, [("Content-Type", "text/html; charset=utf-8"),
                          ("Cache-Control", "no-store")], self.status_page().encode("utf-8")
         if not _API_PATH.fullmatch(path):
@@ -119,6 +136,10 @@ class RestApi:
             return 200, self._headers, self._dispatch(method, path, body)
         except errors.ServingError as error:
             return error.http_status, self._headers, error_body(error.message)
+        except Exception as error:  # pylint: disable=broad-except  (a bug, not the client's)
+            logging.exception("REST %s %s failed", method, path)
+            return 500, self._headers, error_body(errors.scrub_paths(
+                "Internal error: %s" % error))
 
     def status_page(self):
         """The HTML status page: every model's versions and states, and the last
@@ -131,7 +152,9 @@ class RestApi:
                                 in self._service.status(name)]
             except errors.ServingError:
                 models[name] = []
-        return status_page.render(models, self._service.window.summary())
+        failing = {component: failure.message for component, failure
+                   in manager.health.failing().items()}
+        return status_page.render(models, self._service.window.summary(), failing=failing)
 
     def _dispatch(self, method, path, body):
         malformed = errors.invalid("Malformed request: %s %s", method, path)

@@ -10,7 +10,6 @@ Transport-free: rest_api.py calls these with the body bytes.
 """
 import base64
 import binascii
-import json
 
 import grpc
 import numpy as np
@@ -18,6 +17,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import get_model_metadata_pb2
 from tensorflow_serving.apis import get_model_status_pb2
 
+from slimserve.serving.api import json_reader
 from slimserve.serving.api import json_writer
 from slimserve.serving.core import errors
 from slimserve.serving.core import tensors
@@ -32,17 +32,6 @@ _FLOATS = (tf.float32, tf.float64)
 # TF Serving quotes request values in its messages whole; here at most this many
 # characters of each (an error answer stays small whatever the request).
 MAX_QUOTED = 1024
-# Python's json messages -> rapidjson's GetParseError_En (the ones a client meets).
-_PARSE_ERRORS = (
-    ("Expecting value", "Invalid value."),
-    ("Expecting property name enclosed in double quotes", "Missing a name for object member."),
-    ("Expecting ':' delimiter", "Missing a colon after a name of object member."),
-    ("Extra data", "The document root must not be followed by other values."),
-    ("Unterminated string", "Missing a closing quotation mark in string."),
-    ("Invalid \\escape", "Invalid escape character in string."),
-    ("Invalid \\uXXXX escape", "Incorrect hex digit after \\u escape in string."),
-    ("Invalid control character", "Invalid encoding in string."),
-)
 
 
 def quoted(item):
@@ -80,51 +69,28 @@ def _first_wins(pairs):
     return obj
 
 
-def parse_body(raw):
-    """Body bytes -> the top-level JSON object (ParseJson); failures INVALID_ARGUMENT."""
+class Body(dict):
+    """A request's top-level JSON object, with the text it came from (`text`): a double
+    tensor is read again from it with rapidjson's own arithmetic (json_reader)."""
+    text = ""
+
+
+def parse_body(raw, exact=False):
+    """Body bytes -> the top-level JSON object (ParseJson); failures INVALID_ARGUMENT
+    with rapidjson's messages (json_reader.py)."""
     if not raw:
         raise errors.invalid("JSON Parse error: The document is empty")
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise errors.invalid("JSON Parse error: Invalid encoding in string. at offset: %d",
-                             error.start) from None
-    try:
-        body = json.loads(text, object_pairs_hook=_first_wins)
+        body = json_reader.parse(raw, object_pairs_hook=_first_wins, exact=exact)
     except RecursionError:
         raise errors.invalid("JSON Parse error: nested too deeply") from None
-    except json.JSONDecodeError as error:
-        message = next((ours for theirs, ours in _PARSE_ERRORS
-                        if error.msg.startswith(theirs)), error.msg)
-        if error.msg.startswith("Expecting ',' delimiter"):
-            message = "Missing a comma or '%s' after %s." % (
-                ("]", "an array element") if _in_array(text, error.pos) else
-                ("}", "an object member"))
-        offset = len(text[:error.pos].encode("utf-8"))
-        raise errors.invalid("JSON Parse error: %s at offset: %d", message, offset) from None
+    except json_reader.JsonError as error:
+        raise errors.invalid("%s", error) from None
     if not isinstance(body, dict):
         raise errors.invalid("JSON Value: %s Is not object", quoted(body))
+    body = Body(body)
+    body.text = raw
     return body
-
-
-def _in_array(text, pos):
-    """Whether position `pos` of a JSON text is inside an array rather than an object."""
-    stack, in_string, escape = [], False, False
-    for char in text[:pos]:
-        if in_string:
-            if escape:
-                escape = False
-            elif char == "\\":
-                escape = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            stack.append(char)
-        elif char in "]}" and stack:
-            stack.pop()
-    return bool(stack) and stack[-1] == "["
 
 
 def signature_name(body, default):
@@ -189,7 +155,7 @@ def _leaf(item, dtype):
         raise _type_error(item, dtype)
     if dtype == tf.string:
         if isinstance(item, str):
-            return item.encode("utf-8")
+            return json_writer.to_bytes(item)
         raise _type_error(item, dtype)
     if dtype == tf.bool:
         if isinstance(item, bool):
@@ -272,13 +238,14 @@ def _array(key, item, dtype, max_elements):
 def _to_numpy(leaves, dims, dtype):
     if dtype == tf.string:
         flat = np.empty(len(leaves), dtype=object)
-        flat[:] = [v.encode("utf-8") if isinstance(v, str) else v for v in leaves]
+        flat[:] = [json_writer.to_bytes(v) if isinstance(v, str) else v for v in leaves]
         return flat.reshape(dims)
     if dtype in _RANGES:
         wide = np.uint64 if dtype == tf.uint64 else np.int64
         return np.array(list(leaves), dtype=wide).astype(dtype.as_numpy_dtype).reshape(dims)
     try:
-        return np.array(list(leaves), dtype=dtype.as_numpy_dtype).reshape(dims)
+        with np.errstate(over="ignore"):  # a double past float's range is inf, as in TF
+            return np.array(list(leaves), dtype=dtype.as_numpy_dtype).reshape(dims)
     except OverflowError:
         raise errors.invalid("JSON Parse error: Number too big to be stored in double") \
             from None
@@ -384,6 +351,10 @@ def predict_feeds(body, sig, signature_name_given="",
     if not sig.inputs:
         raise errors.invalid("Failed to get input map for signature: %s",
                              signature_name_given or "DEFAULT")
+    if isinstance(body, Body) and body.text and any(
+            info.dtype == tf.float64.as_datatype_enum for info in sig.inputs.values()) and \
+            json_reader.needs_exact(body.text):
+        body = parse_body(body.text, exact=True)  # doubles as rapidjson computes them
     if "instances" in body:
         if "inputs" in body:
             raise errors.invalid("JSON Value: %s Not formatted correctly expecting only one "
@@ -403,7 +374,7 @@ def predict_feeds(body, sig, signature_name_given="",
 
 def predict_response(outputs, row_format):
     """MakeJsonFromTensors -> body bytes."""
-    return json_writer.predictions(outputs, row_format).encode("utf-8", "surrogateescape")
+    return json_writer.to_bytes(json_writer.predictions(outputs, row_format))
 
 
 # --- classify / regress ---------------------------------------------------------------
@@ -437,7 +408,7 @@ def _add_to_feature(item, name, feature):
         if kind not in (None, "bytes_list"):
             raise _feature_error(name, feature)
         feature.bytes_list.value.append(_b64(item) if isinstance(item, dict)
-                                        else item.encode("utf-8"))
+                                        else json_writer.to_bytes(item))
 
 
 def _example(item, example):
@@ -483,7 +454,7 @@ def classify_response(classes, scores):
         rows.append([(classes[row][c] if classes is not None else b"",
                       float(scores[row][c]) if scores is not None else 0.0)
                      for c in range(present.shape[1])])
-    return json_writer.classifications(rows).encode("utf-8", "surrogateescape")
+    return json_writer.to_bytes(json_writer.classifications(rows))
 
 
 def regress_response(values):

@@ -1,5 +1,8 @@
 """The models a server serves: name, base path, version policy and version labels, from
 TF Serving's text-format ModelServerConfig (--model_config_file, ReloadConfigRequest)."""
+import logging
+
+from slimserve.serving.config import bounds
 from slimserve.serving.config import files
 from slimserve.serving.core.version_policy import VersionPolicy
 
@@ -25,6 +28,10 @@ def served_models_from_proto(config, where):
     `where`, the source, for an entry that cannot be served."""
     if config.WhichOneof("config") not in (None, "model_config_list"):
         raise files.ConfigError("%s: only model_config_list is supported" % where)
+    unread = []
+    bounds.check(config, where, unread)  # every number within its bound, before any use
+    if unread:
+        logging.warning("%s: %s have no effect here", where, ", ".join(sorted(set(unread))))
     models, names = [], set()
     for entry in config.model_config_list.config:
         if not entry.name or not entry.base_path:

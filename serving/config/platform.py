@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import typing
 
+from slimserve.serving.config import bounds
 from slimserve.serving.config import files
 from slimserve.serving.config import messages
 from slimserve.serving.config import session as session_lib
@@ -111,6 +112,8 @@ def from_platform_config(config_map, where="--platform_config_file"):
         raise files.ConfigError("%s: platform %r: source_adapter_config must hold a %s, not %r"
                          % (where, TENSORFLOW, SOURCE_ADAPTER, packed.type_url or "nothing"))
     bundle = adapter.legacy_config
+    bounds.check(bundle, '%s: platform_configs["%s"].source_adapter_config.legacy_config'
+                 % (where, TENSORFLOW))
     if bundle.session_target:
         raise files.ConfigError("%s: session_target %r: only the local TensorFlow runtime "
                          "(session_target \"\") serves here" % (where, bundle.session_target))

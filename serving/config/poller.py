@@ -6,13 +6,19 @@ edit, as TF Serving's server.cc polls it.
 
 Survives anything a bad edit does: the error is logged once per edit (the same broken
 file is not logged again at every poll) and the file is read again at the next poll; the
-server keeps serving the previous config.
+server keeps serving the previous config. Anything else a poll raises (a failure of the
+poller itself) is the thread's health's (core/health.py, component COMPONENT): logged
+naming the poller, the thread carries on, and after failures in a row the health
+endpoints say so until a poll works again.
 """
 import logging
 import threading
 
 from slimserve.serving.config import files
 from slimserve.serving.core import errors
+from slimserve.serving.core import health as health_lib
+
+COMPONENT = "model config poller"
 
 
 class ConfigFilePoller:
@@ -20,7 +26,9 @@ class ConfigFilePoller:
     ModelServerConfig that differs from the last one applied (`loaded`: the one read at
     start). apply raises ValueError or ServingError when the edit cannot be served."""
 
-    def __init__(self, path, interval_seconds, apply, loaded=None):
+    def __init__(self, path, interval_seconds, apply, loaded=None, health=None):
+        """health: the server's core.health.Health (default: one of its own)."""
+        self.health = health if health is not None else health_lib.standalone()
         self.path = path
         self.interval_seconds = interval_seconds
         self._apply = apply
@@ -42,7 +50,8 @@ class ConfigFilePoller:
             self._thread.join(timeout=timeout)
 
     def poll_once(self):
-        """One read of the file; applies it when it changed. Never raises."""
+        """One read of the file; applies it when it changed. A bad edit is logged, not
+        raised; anything else (the poller failing) is raised."""
         config = None
         try:
             config = files.read_model_server_config(self.path)
@@ -54,13 +63,11 @@ class ConfigFilePoller:
             self._failed = None
         except (ValueError, errors.ServingError) as error:
             self._log_failure(config, getattr(error, "full_message", None) or error)
-        except Exception as error:  # pylint: disable=broad-except  (never the poller)
-            logging.exception("%s: applying the edit failed", self._where)
-            self._log_failure(config, error)
 
     def _run(self):
         while not self._stopping.wait(self.interval_seconds):
-            self.poll_once()
+            with self.health.guard(COMPONENT):
+                self.poll_once()
 
     def _log_failure(self, config, error):
         key = (config.SerializeToString() if config is not None else None, str(error))

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from slimserve import compute
 from slimserve import errors
+from slimserve.serving.config import bounds
 from slimserve.serving.config import files
 
 # The bfloat16 and XLA settings themselves (shared with training and export verification)
@@ -41,9 +42,11 @@ def base_session_config(options):
     fault (the options' bounds are checked by ServerOptions.check)."""
     config = tf.compat.v1.ConfigProto()
     if options.session_config is not None:
-        config.CopyFrom(options.session_config)
+        config.CopyFrom(bounds.check(options.session_config, "session_config"))
     elif options.tensorflow_session_config_file:
-        config.CopyFrom(files.read_session_config(options.tensorflow_session_config_file))
+        path = options.tensorflow_session_config_file
+        config.CopyFrom(bounds.check(files.read_session_config(path),
+                                     "--tensorflow_session_config_file %s" % path))
     if options.per_process_gpu_memory_fraction:
         config.gpu_options.per_process_gpu_memory_fraction = (
             options.per_process_gpu_memory_fraction)
@@ -105,9 +108,8 @@ def apply_thread_pool_factory(config, factory_config, where):
                          "becomes the inter-op pool of every model run" % (
                              where, packed.type_url or "nothing", THREAD_POOL_TYPE))
     pool.ParseFromString(packed.value)
-    if pool.num_threads < 0:
-        raise files.ConfigError("%s: num_threads must be >= 0 (0: one per core), got %d"
-                         % (where, pool.num_threads))
+    # each is a thread started at the first model load (100000 crashed TensorFlow there)
+    bounds.check(pool, "%s: thread_pool_factory_config" % where)
     if config.session_inter_op_thread_pool:
         raise files.ConfigError("%s: the session config already lists session_inter_op_thread_pool;"
                          " give the pool in one place" % where)

@@ -12,6 +12,8 @@ import time
 import grpc
 import numpy as np
 import tensorflow as tf
+from google.protobuf import text_format
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from slimserve.serving.core import errors
@@ -44,10 +46,20 @@ def _error(code, message, *args):
 
 
 def _describe(signature_name, sig):
-    """A one-line stand-in for the SignatureDef DebugString TF Serving prints."""
-    return "%s (method %s, inputs {%s}, outputs {%s})" % (
-        signature_name, sig.method_name or "''", ",".join(sorted(sig.inputs)),
-        ",".join(sorted(sig.outputs)))
+    """The SignatureDef as TF Serving prints it in its messages (DebugString: protobuf's
+    text format, which Python's text_format writes alike)."""
+    del signature_name
+    return text_format.MessageToString(sig)
+
+
+def _shape_string(shape):
+    """TensorShape::DebugString: `[2,3]`."""
+    return "[%s]" % ",".join(str(d) for d in shape)
+
+
+def _datatype_name(array):
+    """DataType_Name of an output's dtype: `DT_INT32`, `DT_STRING`."""
+    return types_pb2.DataType.Name(tensors.array_dtype(array).as_datatype_enum)
 
 
 def check_classification_signature(signature_name, sig, method_name_check):
@@ -95,12 +107,10 @@ def classification_result(rows, classes, scores):
             continue
         if array.ndim != 2:
             raise errors.invalid("Expected Tensor shape: [batch_size num_classes] but got %s",
-                                 list(array.shape))
-        is_string = array.dtype == object or array.dtype.kind in ("S", "O")
-        if (kind == "DT_STRING") != is_string or (kind == "DT_FLOAT"
-                                                 and array.dtype != np.float32):
+                                 _shape_string(array.shape))
+        if _datatype_name(array) != kind:
             raise errors.invalid("Expected %s Tensor of %s. Got: %s", name, kind,
-                                 tf.as_dtype(array.dtype).name if not is_string else "DT_STRING")
+                                 _datatype_name(array))
         if array.shape[0] != rows:
             raise errors.invalid("Expected %s output batch size of %d. Got: %d", name, rows,
                                  array.shape[0])
@@ -114,14 +124,13 @@ def regression_result(rows, outputs):
     """Validates a regress output as PostProcessRegressionResult does; -> float32 [B]."""
     if not (outputs.ndim == 1 or (outputs.ndim == 2 and outputs.shape[1] == 1)):
         raise errors.invalid("Expected output Tensor shape to be either [batch_size] or "
-                             "[batch_size, 1] but got %s", list(outputs.shape))
+                             "[batch_size, 1] but got %s", _shape_string(outputs.shape))
     if outputs.shape[0] != rows:
         raise errors.invalid("Input batch size did not match output batch size: %d vs. %d",
                              rows, outputs.shape[0])
-    if outputs.dtype != np.float32:
+    if _datatype_name(outputs) != "DT_FLOAT":
         raise errors.invalid("Expected output Tensor of DT_FLOAT.  Got: %s",
-                             tf.as_dtype(outputs.dtype).name
-                             if outputs.dtype != object else "string")
+                             _datatype_name(outputs))
     return outputs.reshape([rows])
 
 
@@ -418,10 +427,20 @@ class InferenceService:
     def status(self, name, version=None, label=None):
         """Like get_model_status_impl.cc: a version label is ignored, every version listed.
         -> [(version, state, error message, error code)], the code the load error's own
-        (grpc.StatusCode value; 0 when it loaded). Messages reach clients without server
-        paths."""
+        (grpc.StatusCode value; 0 when it loaded). A background component of the model
+        that is failing (core/health.py: its request log writer, its polling) puts
+        INTERNAL and what fails on its AVAILABLE versions. Messages reach clients without
+        server paths."""
         del label
         check_names(model=name)
+        statuses = self.manager.status(name, version, with_codes=True)
+        failing = self.manager.health.failing(model=name)
+        if failing:  # a background component of the model cannot do its job
+            problem = "; ".join("%s failing: %s" % (component, failure.message)
+                                for component, failure in sorted(failing.items()))
+            statuses = [(number, state, message or problem,
+                         code or (grpc.StatusCode.INTERNAL.value[0]
+                                  if state == "AVAILABLE" else 0))
+                        for number, state, message, code in statuses]
         return [(number, state, errors.scrub_paths(message) if message else message, code)
-                for number, state, message, code in self.manager.status(name, version,
-                                                                        with_codes=True)]
+                for number, state, message, code in statuses]

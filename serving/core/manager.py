@@ -29,6 +29,7 @@ from slimserve import fields
 from slimserve.serving import limits
 from slimserve.serving.core import custom_ops
 from slimserve.serving.core import errors
+from slimserve.serving.core import health as health_lib
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.core.servable import WARMUP_PATH, Servable
@@ -41,6 +42,9 @@ DEFAULT_LOAD_RETRY_INTERVAL_MICROS = 60 * 1000 * 1000  # TF Serving's default: 1
 # How many served names (and how much of each) a NOT_FOUND for an unknown model lists.
 MAX_NAMES_LISTED = 10
 MAX_NAME_CHARS = 64
+HINT_LOG_INTERVAL_SECONDS = 60.0  # an unknown model's hint is logged at most this often
+# The manager's background components, as the health registry names them.
+POLLER, LOADER, UNLOADER = "version poller", "model loader", "unload worker"
 
 
 def _describe(error):
@@ -103,6 +107,11 @@ class ManagerOptions:
     allow_version_labels_for_unavailable_models: bool = fields.option(
         False, "Let a new label (or an unchanged one) name a version that is not "
         "AVAILABLE; by default every label must.")
+    error_hints: bool = fields.option(
+        False, "Add hints to NOT_FOUND answers: the served model names for a model this "
+        "server does not serve, and why a served model's base path holds no version (then "
+        "UNAVAILABLE, so clients retry). Off: TF Serving's exact statuses and messages; "
+        "the hints go to the server log only (an unknown model's at most once a minute).")
     # How a SavedModel version loads: the meta graph's tags (None: serve) and every
     # session's ConfigProto (config/session.py).
     saved_model_tags: typing.Any = None
@@ -141,7 +150,7 @@ class ModelManager:
     `reload()` replaces the model set."""
 
     def __init__(self, configs, options=None, on_change=None, on_load=None,
-                 batching_for=None):
+                 batching_for=None, health=None):
         """
         Args:
           configs: [ServedModel] served from the first poll on.
@@ -152,7 +161,11 @@ class ModelManager:
           batching_for: callback(version dir) -> the version's batching parameters
             (core/batching.py's parameters_for_version), set on each loaded servable; a
             failure fails the load.
+          health: the server's core.health.Health, which the version poller, the model
+            loader, the unload workers and broken servables report to (default: one of
+            its own).
         """
+        self.health = health if health is not None else health_lib.standalone()
         _check_unique(configs)
         options = fields.check(options if options is not None else ManagerOptions())
         if options.tflite is not None:
@@ -177,6 +190,7 @@ class ModelManager:
         custom_ops.load_tf_text_ops()
         self._stop = threading.Event()
         self._thread = None
+        self._next_hint_log = 0.0  # time.monotonic() before which no unknown-model hint
 
     @property
     def model_names(self):
@@ -206,16 +220,15 @@ class ModelManager:
                 self._reconcile_logged(model, unload)
 
     def _reconcile_logged(self, model, unload=True):
-        try:
+        with self.health.guard("%s: model %s" % (POLLER, model.config.name),
+                               model.config.name):
             self._reconcile(model, unload)
-        except Exception:  # pylint: disable=broad-except
-            logging.exception("polling %s (model %s) failed", model.config.base_path,
-                              model.config.name)
 
     def _reconcile(self, model, unload=True):
         """Loads the versions the policy wants; with `unload`, also unloads those it no
         longer wants once a wanted one serves (reload() defers that until it commits)."""
         config = model.config
+        self._retire_broken(model)
         on_disk = list_version_dirs(config.base_path, self.options.tflite is not None)
         self._note_diagnosis(model, "" if on_disk else diagnose_base_path(config.base_path))
         aspired = config.policy.select(on_disk)
@@ -240,6 +253,22 @@ class ModelManager:
         for number in versions_to_unload(aspired, available):
             self._unload(model, model.versions[number])
 
+    def _retire_broken(self, model):
+        """An AVAILABLE version whose servable can serve nothing any more (a TFLite pool
+        with no interpreter left) ends with its failure (INTERNAL), so it is loaded again
+        below, as a version whose files changed."""
+        with self._lock:
+            broken = [v for v in model.versions.values()
+                      if v.state == AVAILABLE and v.servable is not None and
+                      v.servable.failure]
+        for version in broken:
+            with self._lock:
+                servable, version.servable = version.servable, None
+                version.fingerprint = None  # reload at once
+            self._set_state(model.config.name, version, END, "%s: %s" % (
+                servable.component, servable.failure), grpc.StatusCode.INTERNAL.value[0])
+            self._retire_servable(model.config.name, servable)
+
     def _note_diagnosis(self, model, diagnosis):
         """Keeps why the model's base path has no version, for GetModelStatus and requests
         (which never touch the file system), and logs it each time it changes."""
@@ -263,6 +292,21 @@ class ModelManager:
         return time.monotonic() >= version.retry_at
 
     def _load(self, model, version, path):
+        """Loads one version; whatever fails (the model's files, or the loader itself)
+        ends with the version END and its error, never stuck LOADING."""
+        try:
+            self._load_version(model, version, path)
+        except Exception as error:  # pylint: disable=broad-except  (the loader itself)
+            self.health.failed(LOADER, error, model.config.name)
+            with self._lock:
+                version.failures += 1
+                version.retry_at = time.monotonic() + max(self._retry_interval, 0.0)
+            self._set_state(model.config.name, version, END, "%s failed: %s" % (
+                LOADER, _describe(error)), grpc.StatusCode.INTERNAL.value[0])
+        else:
+            self.health.ok(LOADER)
+
+    def _load_version(self, model, version, path):
         name = model.config.name
         fingerprint = version_fingerprint(path)
         self._set_state(name, version, LOADING)
@@ -307,7 +351,10 @@ class ModelManager:
         """The version's model.tflite with --prefer_tflite_model when it has one (as TF
         Serving's bundle factory), else its SavedModel."""
         if self.options.tflite is not None and tflite_model.has_model(path):
-            return tflite_servable.TfLiteServable(name, number, path, self.options.tflite)
+            servable = tflite_servable.TfLiteServable(name, number, path, self.options.tflite,
+                                                      self.health)
+            self.health.ok(servable.component)  # a reloaded pool works again
+            return servable
         return Servable(name, number, path, self.options.session_config, self._tags)
 
     def _unload(self, model, version):
@@ -317,14 +364,33 @@ class ModelManager:
         self._publish(model.config.name, version)
 
         def finish():
-            if servable is not None:
-                servable.retire()
+            try:
+                if servable is not None:
+                    servable.retire()
+            except Exception as error:  # pylint: disable=broad-except
+                self.health.failed(UNLOADER, error, model.config.name)
+                self._set_state(model.config.name, version, END, "%s failed: %s" % (
+                    UNLOADER, _describe(error)), grpc.StatusCode.INTERNAL.value[0])
+                return
+            self.health.ok(UNLOADER)
             self._set_state(model.config.name, version, END)
 
+        self._in_unloader(finish)
+
+    def _retire_servable(self, name, servable):
+        """Retires a servable whose version's state is already set."""
+        def finish():
+            with self.health.guard(UNLOADER, name):
+                servable.retire()
+
+        self._in_unloader(finish)
+
+    def _in_unloader(self, work):
+        """Runs an unload in the unload pool (--num_unload_threads), else here."""
         if self._unload_pool is not None:
-            self._unload_pool.submit(finish)
+            self._unload_pool.submit(work)
         else:
-            finish()
+            work()
 
     def _set_state(self, name, version, state, error="", code=0):
         with self._lock:
@@ -469,10 +535,11 @@ class ModelManager:
 
         def loop():
             while not self._stop.wait(interval_seconds):
-                try:
-                    self.poll()
-                except errors.ServingError as error:
-                    logging.warning("%s", error.message)
+                with self.health.guard(POLLER):
+                    try:
+                        self.poll()
+                    except errors.ServingError as error:  # labels waiting for a version
+                        logging.warning("%s", error.message)
 
         self._thread = threading.Thread(target=loop, name="version-poller", daemon=True)
         self._thread.start()
@@ -494,19 +561,28 @@ class ModelManager:
     # --- the request path ------------------------------------------------------------
 
     def acquire(self, name, version=None, label=None):
-        """The servable a ModelSpec names, with one in-flight reference taken."""
+        """The servable a ModelSpec names, with one in-flight reference taken.
+
+        In TF Serving's order (ServerCore::ServableRequestFromModelSpec, then the
+        manager): a label is resolved first, so a label of a model this server does not
+        serve is INVALID_ARGUMENT `Unrecognized servable version label`; then the request
+        is `Specific(name, version)` or `Latest(name)`, NOT_FOUND when nothing serves it."""
         with self._lock:
-            model = self._models.get(name)
-            if model is None:
-                raise self._unknown_model_locked(name)
             if label:
                 version = self._resolve_label_locked(name, label)
+            model = self._models.get(name)
+            if model is None:
+                raise self._unknown_model_locked(name, version)
             available = {n: v.servable for n, v in model.versions.items()
-                         if v.state == AVAILABLE and v.servable is not None}
+                         if v.state == AVAILABLE and v.servable is not None and
+                         not v.servable.failure}
             if version is None:
                 if not available:
-                    raise errors.unavailable("Servable not found for request: Latest(%s)%s",
-                                             name, _suffix(model.diagnosis))
+                    if self.options.error_hints:
+                        raise errors.unavailable("Servable not found for request: "
+                                                 "Latest(%s)%s", name,
+                                                 _suffix(model.diagnosis))
+                    raise errors.not_found("Servable not found for request: Latest(%s)", name)
                 servable = available[max(available)]
             else:
                 servable = available.get(version)
@@ -519,15 +595,24 @@ class ModelManager:
 
     def resolve_label(self, name, label):
         with self._lock:
-            if name not in self._models:
-                raise self._unknown_model_locked(name)
             return self._resolve_label_locked(name, label)
 
-    def _unknown_model_locked(self, name):
-        """NOT_FOUND for a model this server does not serve: TF Serving's wording first
-        (its tools match it), then what the client could ask for instead."""
-        return errors.not_found("Servable not found for request: Latest(%s); %s", name,
-                                self._served_names_locked())
+    def _unknown_model_locked(self, name, version=None):
+        """NOT_FOUND for a model this server does not serve, worded as TF Serving's manager
+        words it (`Latest(name)` or `Specific(name, version)`). Which models it does serve
+        is a hint for the server's log (at most once a minute: clients choose the names),
+        and for the client only with `error_hints`."""
+        request = ("Latest(%s)" % name if version is None
+                   else "Specific(%s, %d)" % (name, version))
+        hint = self._served_names_locked()
+        now = time.monotonic()
+        if now >= self._next_hint_log:
+            self._next_hint_log = now + HINT_LOG_INTERVAL_SECONDS
+            logging.warning("a request named model %r, which this server does not serve "
+                            "(%s)", name[:MAX_NAME_CHARS], hint)
+        if self.options.error_hints:
+            return errors.not_found("Servable not found for request: %s; %s", request, hint)
+        return errors.not_found("Servable not found for request: %s", request)
 
     def _served_names_locked(self):
         """`this server serves models a, b`: a bounded number of names, each of bounded
@@ -555,7 +640,9 @@ class ModelManager:
             model = self._models.get(name) or self._removed.get(name)
             states = {} if model is None else {
                 n: (v.state, v.error, v.code) for n, v in model.versions.items() if v.state}
-            if model is None:
+            if not self.options.error_hints:
+                why = ""  # TF Serving's words only; the log has the diagnosis
+            elif model is None:
                 why = self._served_names_locked()
             else:
                 why = model.diagnosis if name in self._models else ""

@@ -59,6 +59,7 @@ class Servable:
     A subclass serving another format (core/tflite_servable.py) overrides `_open`, which
     makes the session and the signatures, and `run`; the rest is shared."""
     graph = None  # the TensorFlow graph (a SavedModel's); other formats have none
+    failure = None  # why this version can serve no request any more (tflite_servable.py)
     # What this version computes in (--mixed_precision) and whether XLA compiles it
     # (--xla_cpu_compilation_enabled): reported in the server's metrics.
     precision = session_lib.FLOAT32
@@ -167,7 +168,7 @@ class Servable:
                 raise _serving_error(error, deadline) from None
             except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
                 raise errors.from_undecodable_tf_error(error) from None
-            return dict(zip(output_keys, values))
+            return _outputs(output_keys, values)
         keys = list(feeds)
         plan = self._plan(
             tuple(signature_def.inputs[k].name for k in keys),
@@ -187,7 +188,7 @@ class Servable:
             raise _serving_error(error, deadline) from None
         except UnicodeDecodeError as error:  # TF's message quotes non-UTF-8 input
             raise errors.from_undecodable_tf_error(error) from None
-        return dict(zip(output_keys, values))
+        return _outputs(output_keys, values)
 
     def _plan(self, feed_names, fetch_names):
         """The _RunPlan feeding `feed_names` and fetching `fetch_names`, made on first
@@ -248,6 +249,22 @@ class Servable:
             self.run(sig, {next(iter(sig.inputs)): examples}, sorted(sig.outputs))
         else:
             raise ValueError("unsupported warmup log type %s" % kind)
+
+
+def _outputs(keys, values):
+    """{key: ndarray} of a run's fetched values. TensorFlow hands a rank-0 string back as
+    `bytes` and a rank-0 number as a numpy scalar; every caller (the REST writer, the
+    TensorProto filler, batching) wants an ndarray, rank 0 included."""
+    out = {}
+    for key, value in zip(keys, values):
+        if isinstance(value, bytes):
+            array = np.empty((), dtype=object)
+            array[()] = value
+            value = array
+        elif not isinstance(value, np.ndarray):
+            value = np.asarray(value)
+        out[key] = value
+    return out
 
 
 def _serving_error(error, deadline):

@@ -372,6 +372,7 @@ def fill_proto(proto, array):
     if dtype is None:
         dtype = _NUMPY_DTYPES[array.dtype] = tf.dtypes.as_dtype(array.dtype)
     proto.dtype = dtype.as_datatype_enum
+    proto.tensor_shape.SetInParent()  # set even for a scalar, as AsProtoField sets it
     dims = proto.tensor_shape.dim
     for size in array.shape:
         dims.add(size=size)
@@ -386,7 +387,11 @@ def fill_proto(proto, array):
                                 for v in flat.tolist())
     elif dtype in (tf.float16, tf.bfloat16):
         proto.half_val.extend(flat.view(np.uint16).tolist())
-    elif dtype in _TYPED and dtype not in (tf.complex64, tf.complex128):
+    elif dtype in (tf.complex64, tf.complex128):  # (real, imaginary) pairs, as TF's Fill
+        parts = np.empty(flat.size * 2, dtype=flat.real.dtype)
+        parts[0::2], parts[1::2] = flat.real, flat.imag
+        getattr(proto, _TYPED[dtype][0]).extend(parts.tolist())
+    elif dtype in _TYPED:
         getattr(proto, _TYPED[dtype][0]).extend(flat.tolist())
     else:
         proto.CopyFrom(tf.make_tensor_proto(array))

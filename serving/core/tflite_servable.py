@@ -29,6 +29,7 @@ dtype differs from the tensor's is INVALID_ARGUMENT (TF Serving copies its bytes
 import dataclasses
 import logging
 import queue
+import threading
 
 import grpc
 import numpy as np
@@ -40,6 +41,7 @@ from slimserve import fields
 from slimserve.serving import limits
 from slimserve.serving.core import batching
 from slimserve.serving.core import errors
+from slimserve.serving.core import health as health_lib
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core.servable import DEFAULT_SIGNATURE, Servable
 
@@ -215,10 +217,21 @@ def scheduling_parameters(num_interpreters, num_interpreters_per_pool, model_bat
 
 class TfLiteSession:
     """One TFLite model: its signatures and a pool of interpreters (TfLiteSession); with
-    num_interpreters_per_pool > 1, a Batcher (core/batching.py) in front of the pool."""
+    num_interpreters_per_pool > 1, a Batcher (core/batching.py) in front of the pool.
 
-    def __init__(self, data, options=None):
+    An interpreter that fails otherwise than TF Serving's checks (anything but a
+    ServingError: the runtime itself) fails its request with INTERNAL and is replaced by
+    a new one, logged naming `component` and reported to `health`; when no replacement
+    can be built and the pool is empty, `failure` says why and every request is INTERNAL
+    at once (the manager then reloads the version)."""
+
+    def __init__(self, data, options=None, component="TFLite interpreter pool", model=None,
+                 health=None):
         options = fields.check(options if options is not None else TfLiteOptions())
+        self.component, self.model = component, model
+        self.health = health if health is not None else health_lib.standalone()
+        self.failure = None  # why the pool has no interpreter left, or None
+        self._data = data
         unsupported = tflite_model.custom_ops(data)
         if unsupported:
             raise _internal("Cannot build Interpreter from buffer: custom op(s) %s have no "
@@ -234,6 +247,8 @@ class TfLiteSession:
         self._pool = queue.LifoQueue()  # TF Serving's pool hands out the last returned
         for interpreter in interpreters:
             self._pool.put(interpreter)
+        self._size = len(interpreters)
+        self._size_lock = threading.Lock()
         self.batcher = None
         if options.num_interpreters_per_pool > 1:
             details = first.interpreter.get_input_details()
@@ -286,11 +301,44 @@ class TfLiteSession:
 
     def _invoke(self, feeds, output_indices):
         """One run on a free interpreter of the pool (waiting while every one is busy)."""
-        interpreter = self._pool.get()
+        interpreter = self._take()
         try:
-            return interpreter.run(feeds, output_indices)
-        finally:
+            values = interpreter.run(feeds, output_indices)
+        except errors.ServingError:
             self._pool.put(interpreter)
+            raise
+        except Exception as error:  # pylint: disable=broad-except  (the runtime failed)
+            self._replace(error)
+            raise _internal("%s: the interpreter failed (%s); it was replaced",
+                            self.component, _first_line(error)) from None
+        self._pool.put(interpreter)
+        self.health.ok(self.component)
+        return values
+
+    def _take(self):
+        while True:
+            if self.failure:
+                raise _internal("%s: %s", self.component, self.failure)
+            try:
+                return self._pool.get(timeout=0.5)
+            except queue.Empty:
+                continue
+
+    def _replace(self, error):
+        """A new interpreter in place of one that failed; the pool shrinks when none can
+        be built, and `failure` is set once it is empty."""
+        self.health.failed(self.component, error, self.model)
+        try:
+            self._pool.put(_Interpreter(self._data))
+        except Exception as rebuild:  # pylint: disable=broad-except
+            with self._size_lock:
+                self._size -= 1
+                left = self._size
+            logging.error("%s: no interpreter could replace the one that failed (%s); %d "
+                          "left", self.component, _first_line(rebuild), left)
+            if left <= 0:
+                self.failure = "every interpreter failed (the last: %s)" % _first_line(error)
+                self.health.fail(self.component, self.failure, self.model)
 
     def _invoke_batch(self, names, feeds, output_indices):
         """A batch of the scheduler: {tensor index: ndarray} -> {output index: ndarray},
@@ -323,15 +371,26 @@ class TfLiteServable(Servable):
     precision = "tflite"
     xla_jit = False
 
-    def __init__(self, name, version, path, options=None):
+    def __init__(self, name, version, path, options=None, health=None):
         """options: a TfLiteOptions (--num_tflite_pools, --num_tflite_interpreters_per_pool;
-        default: its defaults)."""
+        default: its defaults). health: the core.health.Health its pool reports to."""
         self.options = options
+        self.health = health
         super().__init__(name, version, path)
+
+    @property
+    def component(self):
+        return "TFLite interpreter pool of model %s version %d" % (self.name, self.version)
+
+    @property
+    def failure(self):
+        """Why this version can serve no request any more, or None."""
+        return self.session.failure
 
     def _open(self, session_config, tags):
         del session_config, tags  # a TFLite model has neither
-        session = TfLiteSession(tflite_model.read_model(self.path), self.options)
+        session = TfLiteSession(tflite_model.read_model(self.path), self.options,
+                                self.component, self.name, self.health)
         return session, session.signatures
 
     def run(self, signature_def, feeds, output_keys, deadline=None):

@@ -44,6 +44,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import fields
 from slimserve.serving import limits
+from slimserve.serving.core import health as health_lib
 
 # PredictionLog's oneof field for each API (classify_log, regress_log, ...).
 LOG_FIELDS = {"predict": "predict_log", "classify": "classify_log", "regress": "regress_log",
@@ -124,7 +125,20 @@ def _status_name(error):
             return status.name
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return grpc.StatusCode.RESOURCE_EXHAUSTED.name
+    if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM,
+                                                      errno.EROFS):
+        return grpc.StatusCode.PERMISSION_DENIED.name
     return grpc.StatusCode.INTERNAL.name
+
+
+def _why(error, path):
+    """`<path>: <reason>` of a write error (an OSError names its own file)."""
+    if isinstance(error, OSError):
+        return "%s: %s" % (error.filename or path, error.strerror or error)
+    message = getattr(error, "message", None) or str(error)
+    if path and message.startswith(path + "; "):  # TF's "<file>; <reason>"
+        return "%s: %s" % (path, message[len(path) + 2:])
+    return message if path and path in message else "%s: %s" % (path, message)
 
 
 @dataclasses.dataclass
@@ -148,9 +162,17 @@ class RequestLogOptions:
 class RequestLogger:
     """Samples, queues and writes the requests of one model."""
 
-    def __init__(self, filename_prefix, sampling_rate, options=None, seed=None):
-        """options: a RequestLogOptions (default: its defaults); seed: the sampler's."""
+    def __init__(self, filename_prefix, sampling_rate, options=None, seed=None,
+                 model=None, health=None):
+        """options: a RequestLogOptions (default: its defaults); seed: the sampler's.
+        model, health: the model logged and the core.health.Health the writer thread
+        reports to (a failure of the writer itself is logged naming the model, the record
+        it held counted as lost with INTERNAL, and the thread carries on)."""
         check_prefix(filename_prefix)
+        self.model = model
+        self.component = "request log writer of %s" % (
+            "model %s" % model if model else filename_prefix)
+        self.health = health if health is not None else health_lib.standalone()
         check_sampling_rate(sampling_rate)
         self.options = fields.check(options if options is not None else RequestLogOptions())
         make_directory(filename_prefix)
@@ -171,6 +193,7 @@ class RequestLogger:
         self._bytes = 0  # of complete records in the open file
         self._sequence = 0
         self._failing = 0  # records lost since the last write error began
+        self._unpublished = False  # a file could not be published (its directory refuses)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
         self._thread.start()
@@ -269,21 +292,43 @@ class RequestLogger:
         self._recover()
         while True:
             item = self._next()
-            if item is None:  # the open file reached its age
-                self._close_file()
-            elif item is _STOP:
-                self._close_file()
-                return
-            elif isinstance(item, _Flush):
-                self._close_file()
-                item.done.set()
+            try:
+                if item is None:  # the open file reached its age
+                    self._close_file()
+                elif item is _STOP:
+                    self._close_file()
+                elif isinstance(item, _Flush):
+                    try:
+                        self._close_file()
+                    finally:
+                        item.done.set()
+                else:
+                    self._write(*item[:5])
+            except Exception as error:  # pylint: disable=broad-except  (the writer itself)
+                self._writer_failed(item, error)
             else:
-                self._write(*item[:5])
+                if isinstance(item, tuple):
+                    self.health.ok(self.component)
+            if item is _STOP:
+                return
+
+    def _writer_failed(self, item, error):
+        """The writer failed otherwise than a write error (those are _lost's): the record
+        it held is counted lost (INTERNAL), the file it had open published with its
+        complete records, and the thread goes on with the next item."""
+        if isinstance(item, tuple):
+            self._count_drop(grpc.StatusCode.INTERNAL.name)
+        self.health.failed(self.component, error, self.model)
+        try:
+            self._close_file(failed=True)
+        except Exception:  # pylint: disable=broad-except  (left for recovery)
+            self._writer = self._fd = None
 
     def _recover(self):
         try:
             for path in recover_abandoned(self._directory, self._base):
-                logging.info("request log: published %s, left by a writer that died", path)
+                logging.info("request log: published %s, left unpublished by a writer that "
+                             "died or a directory that refused it", path)
         except Exception:  # pylint: disable=broad-except  (never the writer thread)
             logging.exception("request log %s: recovering abandoned files failed",
                               self.filename_prefix)
@@ -328,14 +373,17 @@ class RequestLogger:
             self.drops[code] += 1
 
     def _lost(self, error):
-        """A write error: the file keeps its complete records and is published; the record
-        is counted as lost; the next record starts a new file."""
-        self._count_drop(_status_name(error))
-        if not self._failing:
-            logging.warning("request log %s: record lost (%s); keeping the file's %d "
-                            "complete bytes and starting a new file",
-                            self.filename_prefix, getattr(error, "message", error),
-                            self._bytes)
+        """A write error (a full disk, a directory that refuses): the record is counted as
+        lost; the open file keeps its complete records and is published; the next record
+        starts a new file. One log line per spell of errors (the first, naming the path
+        and why), one when writing works again."""
+        code = _status_name(error)
+        self._count_drop(code)
+        if not self._failing and not self._unpublished:
+            logging.warning("request log %s: cannot write %s; sampled records are dropped "
+                            "(request_log_count{status_code=\"%s\"}) until it can, and "
+                            "no file is left half written", self.filename_prefix,
+                            _why(error, self._temp_path or self._directory), code)
         self._failing += 1
         self._close_file(failed=True)
 
@@ -377,6 +425,7 @@ class RequestLogger:
         except (tf.errors.OpError, OSError):
             failed = True  # buffered bytes may be half written: cut back below
         fd, self._fd = self._fd, None
+        published = True
         try:
             if failed:
                 os.ftruncate(fd, self._bytes)
@@ -386,13 +435,21 @@ class RequestLogger:
             else:
                 os.unlink(self._temp_path)
         except OSError as error:
-            # Left as an abandoned temporary: readers read it, the next rotation or start
-            # publishes it.
-            logging.warning("request log %s: %s not published yet (%s)", self.filename_prefix,
-                            self._temp_path, error.strerror or error)
+            # Left as an abandoned temporary: readers read its complete records, and the
+            # next successful rotation (or the next start) publishes it.
+            published = False
+            if not self._unpublished and not self._failing:
+                logging.warning("request log %s: cannot publish %s; its complete records "
+                                "stay readable and it is published once the directory "
+                                "accepts it", self.filename_prefix,
+                                _why(error, self._temp_path))
+            self._unpublished = True
         finally:
             os.close(fd)  # releases the lock
-        if not failed:
+        if published and self._bytes and self._unpublished:
+            self._unpublished = False
+            logging.warning("request log %s: publishing again", self.filename_prefix)
+        if published and not failed:
             self._recover()  # also retries anything a full disk left unpublished
 
 

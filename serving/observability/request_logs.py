@@ -42,11 +42,13 @@ def resolve_log_dir(log_dir, flag="--request_log_dir"):
 class RequestLogs:
     """Every model's RequestLogger (see the module docstring); thread-safe."""
 
-    def __init__(self, log_dir=None, options=None):
+    def __init__(self, log_dir=None, options=None, health=None):
         """log_dir: --request_log_dir (created here; None or "": none). options: the
-        request_log.RequestLogOptions every logger gets."""
+        request_log.RequestLogOptions every logger gets. health: the core.health.Health
+        each logger's writer thread reports to."""
         self.log_dir = resolve_log_dir(log_dir)
         self.options = options
+        self.health = health
         self._loggers = {}  # model name -> RequestLogger
         self._retired = {}  # (model, status_code) -> records counted by closed loggers
         self._lock = threading.Lock()  # a logger retires and its counts move at once
@@ -98,6 +100,7 @@ class RequestLogs:
                     retiring.append((name, logger))
         for name, logger in retiring:
             logger.close()  # requests see it closed and stop sampling
+            logger.health.forget(logger.component)
             with self._lock:
                 del self._loggers[name]
                 for code, count in [("OK", logger.written)] + list(logger.drops.items()):
@@ -107,7 +110,8 @@ class RequestLogs:
             with self._lock:
                 if name in self._loggers:
                     continue
-            logger = request_log.RequestLogger(prefix, rate, self.options)
+            logger = request_log.RequestLogger(prefix, rate, self.options, model=name,
+                                               health=self.health)
             with self._lock:
                 self._loggers[name] = logger
         if from_operator:

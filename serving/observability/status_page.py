@@ -23,8 +23,10 @@ def _cell(value, numeric=False):
     return '<td%s>%s</td>' % (' class="num"' if numeric else "", value)
 
 
-def render(models, traffic, refresh_seconds=5, title="slimserve", now=None):
-    """models: {name: [(version, state, error message)]}; traffic: RequestWindow.summary()."""
+def render(models, traffic, refresh_seconds=5, title="slimserve", now=None, failing=None):
+    """models: {name: [(version, state, error message)]}; traffic: RequestWindow.summary();
+    failing: {component: message} of the background components failing
+    (core/health.py), shown first."""
     esc = html.escape
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<meta http-equiv=\"refresh\" content=\"%d\">" % refresh_seconds,
@@ -33,6 +35,13 @@ def render(models, traffic, refresh_seconds=5, title="slimserve", now=None):
              "<div class=\"meta\">%s UTC &middot; refreshes every %d s &middot; rates and "
              "latencies over the last minute</div>" % (
                  time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(now)), refresh_seconds)]
+    if failing:
+        parts.append("<h2>Failing</h2><table id=\"failing\"><tr><th>component</th>"
+                     "<th>error</th></tr>")
+        for component in sorted(failing):
+            parts.append("<tr>" + _cell(esc(component)) + _cell(
+                '<span class="err">%s</span>' % esc(failing[component])) + "</tr>")
+        parts.append("</table>")
     parts.append("<h2>Models</h2><table id=\"models\"><tr><th>model</th><th>version</th>"
                  "<th>state</th><th>status</th></tr>")
     if not models:

@@ -9,6 +9,7 @@ runs, as in TF Serving. Used to check behaviour against TF Serving's documented 
     regress_x_to_y2 (regress)   tf.Example {"x"} -> outputs 0.5 x + 3
     regress_x2_to_y3 (regress)  x2 float [-1, 1] (no Example) -> outputs 0.5 x2 + 3
     classify_x_to_y (classify)  tf.Example {"x"} -> scores y (no classes output)
+    classify_x2_to_y3 (classify) x2 float [-1, 1] (no Example) -> scores 0.5 x2 + 3
     tensorflow/serving/regress  (half_plus_three only) as regress_x_to_y
 
 half_plus_three's signatures carry no tensor shapes, as TF Serving's own export of it.
@@ -61,6 +62,8 @@ def write_half_plus(base_path, plus=2.0, version=VERSION):
             "regress_x2_to_y3": regress(x2, y3),
             "classify_x_to_y": build({"inputs": info(serialized)}, {"scores": info(y)},
                                      tf.saved_model.CLASSIFY_METHOD_NAME),
+            "classify_x2_to_y3": build({"inputs": info(x2)}, {"scores": info(y3)},
+                                       tf.saved_model.CLASSIFY_METHOD_NAME),
         }
         if plus == 3.0:  # api_rest.md's regress example names this signature
             signatures["tensorflow/serving/regress"] = regress(serialized, y)

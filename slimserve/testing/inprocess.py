@@ -83,14 +83,15 @@ class InProcess:
 
     def __init__(self, served_models, manager_options=None, batching_parameters=None,
                  request_log_dir=None, rest_timeout_ms=rest_api.DEFAULT_TIMEOUT_MS,
-                 enable_cors=False,
+                 enable_cors=False, status_page=False,
                  monitoring_path=metrics_lib.PATH, load=True, **service_options):
         """manager_options: a ManagerOptions (default: retries of a failed load wait an
         hour, so a failed version stays failed while a test looks). batching_parameters: batch requests
         with these core.batching.BatchingParameters. request_log_dir: as
         --request_log_dir. rest_timeout_ms / enable_cors / monitoring_path: the REST
         routes' --rest_api_timeout_in_ms, --rest_api_enable_cors_support and Prometheus
-        path. load: poll once now, so the first versions serve. service_options:
+        path. status_page: --status_page. load: poll once now, so the first versions
+        serve. service_options:
         InferenceService keywords (max_request_elements, max_broadcast_elements,
         method_name_check)."""
         self.metrics = metrics_lib.Metrics()
@@ -111,7 +112,7 @@ class InProcess:
         self.metrics.add_collector(self.request_logs.families)
         self.metrics.add_collector(lambda: [metrics_lib.model_runtime_family(self.manager)])
         self.rest_api = rest_api.RestApi(self.service, self.metrics, monitoring_path,
-                                         rest_timeout_ms, enable_cors)
+                                         rest_timeout_ms, enable_cors, status_page)
         self._reload_lock = threading.Lock()
         self.prediction = grpc_service.PredictionServicer(self.service)
         self.model = grpc_service.ModelServicer(self.service, self.reload_config)
