@@ -244,8 +244,10 @@ class ModelServer:
             on_load=self.metrics.model_load,
             batching_for=(lambda path: batching_lib.parameters_for_version(
                 path, batching, settings.per_model_batching)) if batching else None)
+        self.health = None
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
-                                             self.metrics.observe_queue_wait)
+                                             self.metrics.observe_queue_wait,
+                                             on_failure=self._batching_failed)
                         if batching else None)
         # Requests are counted, and shown on the status page, under served model names only.
         self.metrics.set_served_models(c.name for c in configs)
@@ -258,6 +260,9 @@ class ModelServer:
             window=request_window.RequestWindow(label=self.metrics.model_label))
         self.metrics.add_collector(self.request_logs.families)
         self.metrics.add_collector(lambda: [metrics_lib.model_runtime_family(self.manager)])
+        if self.batcher is not None:
+            self.metrics.add_collector(
+                lambda: self.metrics.batching_families(self.batcher.learners()))
         self._config_poller = None
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
             self._config_poller = poller.ConfigFilePoller(
@@ -319,6 +324,15 @@ class ModelServer:
                 self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         return server
 
+    def _batching_failed(self, message):
+        """The Batcher's on_failure: no batch thread is left, so no batched request can
+        be answered; the health service stops saying SERVING (GetModelStatus and the
+        status page say why)."""
+        logging.error("health: NOT_SERVING: %s", message)
+        if self.health is not None:
+            for name in HEALTH_SERVICES:
+                self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
     def flush_request_logs(self, timeout=None):
         """Publishes every model's open request log file now (SIGUSR1 to slimserve-server);
         see RequestLogs.flush."""
@@ -363,7 +377,7 @@ class ModelServer:
         if self._config_poller is not None:
             self._config_poller.start()
         self._grpc.start()
-        if self.health is not None:
+        if self.health is not None and not (self.batcher and self.batcher.problem()):
             for name in HEALTH_SERVICES:
                 self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self._rest is not None:

@@ -44,7 +44,7 @@ def _together(params, servable, inputs):
     """Runs `inputs` (one array each) as concurrent requests through a Batcher with
     `params` -> ([outputs or ServingError per input], [batch size per batch run])."""
     seen = []
-    batcher = batching.Batcher(params, on_batch=seen.append)
+    batcher = batching.Batcher(params, on_batch=lambda rows, label: seen.append(rows))
     _, sig = servable.signature("serving_default")
     pool = concurrent.futures.ThreadPoolExecutor(len(inputs))
 

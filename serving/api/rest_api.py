@@ -121,8 +121,8 @@ class RestApi:
             return error.http_status, self._headers, error_body(error.message)
 
     def status_page(self):
-        """The HTML status page: every model's versions and states, and the last
-        minute's traffic (serving/observability/status_page.py)."""
+        """The HTML status page: every model's versions and states, the last minute's
+        traffic and the batch scheduler's state (serving/observability/status_page.py)."""
         manager = self._service.manager
         models = {}
         for name in manager.model_names:
@@ -131,7 +131,11 @@ class RestApi:
                                 in self._service.status(name)]
             except errors.ServingError:
                 models[name] = []
-        return status_page.render(models, self._service.window.summary())
+        batcher = self._service.batcher
+        batching = None if batcher is None else {
+            "problem": batcher.problem(), "thread_failures": list(batcher.thread_failures),
+            "learners": batcher.learners()}
+        return status_page.render(models, self._service.window.summary(), batching=batching)
 
     def _dispatch(self, method, path, body):
         malformed = errors.invalid("Malformed request: %s %s", method, path)

@@ -422,6 +422,12 @@ class InferenceService:
         paths."""
         del label
         check_names(model=name)
-        return [(number, state, errors.scrub_paths(message) if message else message, code)
-                for number, state, message, code in self.manager.status(name, version,
-                                                                        with_codes=True)]
+        statuses = [(number, state, errors.scrub_paths(message) if message else message, code)
+                    for number, state, message, code in self.manager.status(
+                        name, version, with_codes=True)]
+        problem = self.batcher.problem() if self.batcher is not None else None
+        if problem:  # loaded, but its requests cannot run: say so, not a bare AVAILABLE
+            statuses = [(number, state, problem, grpc.StatusCode.INTERNAL.value[0])
+                        if state == "AVAILABLE" and not code else (number, state, message, code)
+                        for number, state, message, code in statuses]
+        return statuses
