@@ -42,6 +42,7 @@ import math
 # the sizes in between).
 EXACT_SIZES = 64
 ALPHA = 0.25  # weight of a new run in a size's moving average
+OUTLIER = 3.0  # a run counts as at most this many times the average of its size
 PEAK_EPOCHS = 4  # batches over which the peak number of requests in the system is kept
 RECORDS = 256  # decisions kept per kind of request
 DELAYS = 1024  # request queue delays kept per kind, for the status page's percentiles
@@ -49,6 +50,7 @@ EXPLORE_EVERY = 128  # batches between two re-measurements of the plan not in us
 EXPLORE_BATCHES = 4  # batches each re-measurement runs
 SWITCH_MARGIN = 1.05  # a plan must look this much faster to replace the one in use
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
+RATE_WINDOW = 1.0  # seconds over which arrivals are counted for the arrival rate
 
 
 class CostModel:
@@ -73,11 +75,11 @@ class CostModel:
         point = points.get(self._key(rows))
         if point is None:
             points[self._key(rows)] = [1, seconds, float(rows)]
-        elif point[0] == 1:  # the first (cold) run is replaced by the second
-            point[:] = [2, seconds, float(rows)]
-        else:
+        elif point[0] == 1:  # the first run is replaced by the second, unless faster
+            point[:] = [2, min(seconds, point[1]), float(rows)]
+        else:  # a run slowed by something else (a burst of other work) moves it less
             point[0] += 1
-            point[1] += ALPHA * (seconds - point[1])
+            point[1] += ALPHA * (min(seconds, OUTLIER * point[1]) - point[1])
             point[2] += ALPHA * (rows - point[2])
         self._lines[bool(overlapped)] = None
 
@@ -143,15 +145,20 @@ class LoadEstimate:
     def __init__(self):
         self._peaks = collections.deque(maxlen=PEAK_EPOCHS)
         self._peak = 0  # this epoch's (since the last batch started)
-        self._last_arrival = None
-        self._gap = None  # moving average of the time between arrivals
+        self._window = None  # start of the current rate window
+        self._count = 0  # arrivals in it
+        self._rate = 0.0
 
     def arrival(self, now, in_system):
         self._peak = max(self._peak, in_system)
-        if self._last_arrival is not None:
-            gap = max(0.0, now - self._last_arrival)
-            self._gap = gap if self._gap is None else self._gap + ALPHA * (gap - self._gap)
-        self._last_arrival = now
+        if self._window is None:
+            self._window = now
+        self._count += 1
+        elapsed = now - self._window
+        if elapsed >= RATE_WINDOW:
+            rate = self._count / elapsed
+            self._rate = rate if not self._rate else self._rate + 0.5 * (rate - self._rate)
+            self._window, self._count = now, 0
 
     def batch_started(self, in_system):
         self._peaks.append(self._peak)
@@ -168,23 +175,24 @@ class LoadEstimate:
 
     @property
     def arrival_rate(self):
-        """Requests per second (0 before two have arrived)."""
-        if not self._gap:
-            return 0.0
-        return 1.0 / self._gap
+        """Requests per second over the last RATE_WINDOW-second windows (0 before one
+        has passed)."""
+        return self._rate
 
 
 class Decision:
     """What a free batch thread decided for one queue: hold the rows (`reason` "hold",
     for `wait` seconds at most), or run `rows` of them now and why. Once the batch starts
-    it is the batch's record (times in seconds): `held` is how long a free batch thread
-    held its rows back by choice, `planned` the longest hold it allowed them, never above
-    `bound` (the configured one)."""
-    __slots__ = ("reason", "rows", "wait", "planned", "time", "padded", "held", "bound",
-                 "concurrency", "target", "parallel", "queued", "running")
+    it is the batch's record (times in seconds): `held` is how long its oldest row waited
+    in the queue, `planned` the latest start any decision allowed it, counted from that
+    row's arrival: never above `bound` (the configured one), whatever the cost model
+    says. (A row can wait longer only while every batch thread is busy.)"""
+    __slots__ = ("reason", "rows", "wait", "planned", "for_rows", "time", "padded", "held",
+                 "bound", "concurrency", "target", "parallel", "queued", "running")
 
-    def __init__(self, reason, rows=None, wait=None, planned=0.0):
+    def __init__(self, reason, rows=None, wait=None, planned=0.0, for_rows=False):
         self.reason, self.rows, self.wait, self.planned = reason, rows, wait, planned
+        self.for_rows = for_rows  # a hold for missing rows (not for a run to end)
         self.time = self.padded = self.held = self.bound = None
         self.concurrency = self.target = self.parallel = self.queued = self.running = None
 
@@ -219,15 +227,20 @@ class Learner:
 
     # --- the plan ------------------------------------------------------------------
 
-    def plan(self, concurrency, limit, threads):
+    def plan(self, concurrency, limit, threads, cap):
         """(parallel runs, target rows per run) for `concurrency` requests in the system:
         one run of c rows, or two of c/2 taking turns, whichever the cost model says
         serves more rows per second; each is measured at this concurrency before the
-        choice, and the one not in use again every EXPLORE_EVERY batches."""
+        choice, and the one not in use again every EXPLORE_EVERY batches. One run at a
+        time only while it lasts less than `cap` (the bound): rows that arrive during it
+        wait for it to end."""
         c = max(1, concurrency)
-        if min(MAX_PARALLEL, threads) < 2 or c < 2:
-            return 1, min(c, limit)
         one, two = min(c, limit), min(-(-c // 2), limit)
+        if min(MAX_PARALLEL, threads) < 2 or c < 2:
+            return 1, one
+        alone = self.cost.estimate(one, False)
+        if alone is not None and alone > cap:
+            return 2, two
         alone = self.cost.measured(one, False)
         shared = self.cost.measured(two, True)
         if shared is None:
@@ -312,16 +325,20 @@ def _percentile(ordered, q):
     return ordered[min(len(ordered) - 1, max(0, int(math.ceil(q / 100.0 * len(ordered))) - 1))]
 
 
-def decide(learner, queued, running_rows, running, limit, threads, cap, hold_start, now):
+def decide(learner, queued, running_rows, running, limit, threads, cap, oldest, hold_start,
+           now):
     """The adaptive policy (see the module docstring): what a free batch thread does with
     the `queued` rows of one queue while `running` runs of it hold `running_rows` rows.
-    cap: the configured bound on a hold (seconds); hold_start: when a free thread first
-    held these rows (None: not held yet). -> Decision."""
+    cap: the configured bound (seconds): no row is held past `oldest` (the enqueue time of
+    the oldest queued row) + cap; hold_start: when a free run of the plan first held these
+    rows for missing ones (None: not yet). -> Decision; its `planned` is the deadline
+    it set, as seconds after `oldest`."""
     in_system = queued + running_rows
     concurrency = max(learner.load.concurrency, in_system)
-    parallel, target = learner.plan(concurrency, limit, threads)
+    parallel, target = learner.plan(concurrency, limit, threads, cap)
     learner.parallel, learner.target, learner.bound = parallel, target, cap
-    started = hold_start if hold_start is not None else now
+    until = oldest + cap
+    reason = "bound (runs busy)"  # the plan's runs are all busy: wait for one to end
     if running < parallel:
         if queued >= target:
             free = parallel - running
@@ -331,15 +348,18 @@ def decide(learner, queued, running_rows, running, limit, threads, cap, hold_sta
         if concurrency <= in_system:
             return _run("all in system", min(queued, limit), parallel, target,
                         concurrency)
-        bound, reason = learner.hold_bound(queued, target, parallel, cap), "bound"
-    else:  # the plan's runs are all busy: wait for one to end, within the bound
-        bound, reason = cap, "bound (runs busy)"
-    if now < started + bound:
-        return Decision("hold", wait=started + bound - now, planned=bound)
-    if reason == "bound" and bound > 0:
-        learner.load.shrink(in_system)  # the missing requests did not come
+        started = hold_start if hold_start is not None else now
+        worth = started + learner.hold_bound(queued, target, parallel, cap)
+        reason = "bound"
+        if worth < until:
+            until, reason = worth, "held long enough"
+    if now < until:
+        return Decision("hold", wait=until - now, planned=until - oldest,
+                        for_rows=running < parallel)
+    if running < parallel and hold_start is not None:
+        learner.load.shrink(in_system)  # held for missing requests that did not come
     decision = _run(reason, min(queued, limit), parallel, target, concurrency)
-    decision.planned = bound
+    decision.planned = until - oldest
     return decision
 
 

@@ -49,6 +49,7 @@ import time
 import grpc
 import numpy as np
 
+from slimserve import errors as user_errors
 from slimserve import fields
 from slimserve.serving import limits
 from slimserve.serving.config import files
@@ -66,8 +67,9 @@ UNBATCHED = "unbatched"
 # slimserve extension TF Serving's parser accepts: to it, it only names the pool).
 ADAPTIVE_POOL = "slimserve_adaptive"
 # The adaptive mode's bound on holding rows back (its batch_timeout_micros when a file
-# does not set one): well above a client's turnaround, well below a batch's latency.
-ADAPTIVE_BOUND_MICROS = 50 * 1000
+# does not set one), as long as the timeouts slimserve-tune picks for image models: one
+# run at a time is only planned for batches that take less than it.
+ADAPTIVE_BOUND_MICROS = 500 * 1000
 # The largest batch (and allowed size, and queue length in batches): far above what one
 # host batches, low enough that padding to it or counting it cannot run away.
 MAX_BATCH_SIZE = 2 ** 20
@@ -184,7 +186,7 @@ class BatchingParameters:
                  % self.max_execution_batch_size)
         try:
             fields.check(self, where)
-        except errors.UserError as error:
+        except user_errors.UserError as error:
             raise files.ConfigError(str(error)) from None
         if self.enable_large_batch_splitting and \
                 self.execution_batch_size > self.max_batch_size:
@@ -283,8 +285,8 @@ class _Queue:
         self.running = 0  # batches of this queue being run
         self.queued_rows = 0
         self.running_rows = 0
-        self.hold_start = None  # when a free batch thread first held the queued rows
-        self.hold_planned = 0.0  # the longest hold it allowed them
+        self.hold_start = None  # when a free run first held the queued rows for more
+        self.hold_planned = 0.0  # the latest start allowed them, after the oldest's arrival
 
     def schedule(self, request):
         params, limit = self.params, self.params.execution_batch_size
@@ -344,7 +346,7 @@ class _Queue:
             decision = adaptive.decide(
                 self.learner, self.queued_rows, self.running_rows, self.running,
                 self.params.execution_batch_size, threads,
-                self.params.batch_timeout_micros / 1e6, self.hold_start, now)
+                self.params.batch_timeout_micros / 1e6, first.started, self.hold_start, now)
         elif len(self.batches) > 1 or first.rows >= self.params.execution_batch_size:
             decision = adaptive.Decision("full")
         else:
@@ -354,9 +356,8 @@ class _Queue:
                                              planned=timeout)
             else:
                 decision = adaptive.Decision("timeout", planned=timeout)
-        if decision.reason == "hold":
-            if self.hold_start is None:
-                self.hold_start = now
+        if decision.for_rows and self.hold_start is None:
+            self.hold_start = now
         self.hold_planned = max(self.hold_planned, decision.planned)
         return decision
 
@@ -364,33 +365,33 @@ class _Queue:
         """The batch `decision` runs: the first batch, or its first `decision.rows` rows
         (whole pieces, at least one); fills in the decision's record."""
         first = self.batches[0]
-        if decision.rows is None or decision.rows >= first.rows:
+        count, rows = 0, 0  # the first pieces that fit in decision.rows (at least one)
+        if decision.rows is not None:
+            for piece in first.pieces:
+                if count and rows + piece.rows > decision.rows:
+                    break
+                count, rows = count + 1, rows + piece.rows
+        if decision.rows is None or count == len(first.pieces):
             batch = self.batches.popleft()
             if not self.batches:
                 self.batches.append(_Batch())
         else:
-            batch, keep = _Batch(), []
-            for piece in first.pieces:
-                if not keep and (not batch.pieces or batch.rows + piece.rows <=
-                                 decision.rows):
-                    batch.pieces.append(piece)
-                    batch.rows += piece.rows
-                else:
-                    keep.append(piece)
-            first.pieces, first.rows = keep, first.rows - batch.rows
-            first.started = keep[0].request.enqueued
-            batch.started = batch.pieces[0].request.enqueued
+            batch = _Batch()
+            batch.pieces, first.pieces = first.pieces[:count], first.pieces[count:]
+            batch.rows, first.rows = rows, first.rows - rows
+            batch.started, first.started = first.started, first.pieces[0].request.enqueued
         self.queued_rows -= batch.rows
         self.running += 1
         self.running_rows += batch.rows
         for piece in batch.pieces:
             piece.running = True
-        decision.held = now - self.hold_start if self.hold_start is not None else 0.0
-        decision.planned = self.hold_planned
+        decision.held = now - batch.started
+        decision.planned = max(self.hold_planned, decision.planned)
         decision.bound = self.params.batch_timeout_micros / 1e6
         decision.queued, decision.running = self.queued_rows + batch.rows, self.running - 1
-        if not self.queued_rows:  # rows left keep the hold they are under
-            self.hold_start, self.hold_planned = None, 0.0
+        self.hold_planned = 0.0
+        if not self.queued_rows:  # rows left keep the hold for more rows they are under
+            self.hold_start = None
         return batch
 
     def idle(self):
@@ -585,7 +586,11 @@ class Batcher:
                                                                           decision.wait)
                             continue
                         self._turn = (self._turn + offset + 1) % max(1, len(keys))
-                        batch = queue.take(decision, now)
+                        try:
+                            batch = queue.take(decision, now)
+                        except Exception:
+                            self._drop(key, queue)
+                            raise
                         run = _Run(bool(self._runs))
                         for other in self._runs:
                             other.overlapped = True
@@ -644,6 +649,7 @@ class Batcher:
             self.thread_failures = (self.thread_failures + [message])[-16:]
             self._alive -= 1
             if self._alive > 0:
+                self._cond.notify_all()  # the others take over its work (or fail too)
                 return
             self.failure = "batching failed: every batch thread stopped; last: " + message
             queued = [p for q in self._queues.values() for b in q.batches for p in b.pieces]
@@ -655,6 +661,17 @@ class Batcher:
                                                           self.failure))
         if self._on_failure is not None:
             self._on_failure(self.failure)
+
+    def _drop(self, key, queue):
+        """A queue whose state can no longer be trusted (taking a batch from it failed):
+        every request in it is answered INTERNAL and the queue starts afresh. Called
+        with the lock held."""
+        del self._queues[key]
+        message = "batching: the queue of %s failed; retry" % _describe(queue)
+        for batch in queue.batches:
+            for piece in batch.pieces:  # (the lock is re-entrant: _finish takes it too)
+                self._finish(piece, None, errors.ServingError(grpc.StatusCode.INTERNAL,
+                                                              message))
 
     def problem(self):
         """None while batches run; else why they cannot (every batch thread stopped)."""
@@ -788,6 +805,11 @@ class Batcher:
         """[Learner.state()] of every kind of request seen lately (status page, metrics)."""
         with self._cond:
             return [learner.state() for learner in self._learners.values()]
+
+    def queued_rows(self):
+        """Rows waiting in every queue (not yet in a batch that runs)."""
+        with self._cond:
+            return sum(queue.queued_rows for queue in self._queues.values())
 
     def decisions(self, label=None):
         """The recorded decisions (adaptive.Decision, oldest first) of the kinds under

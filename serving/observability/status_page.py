@@ -65,8 +65,9 @@ def _batching(batching):
     for state in sorted(rows, key=lambda s: tuple(map(str, s["label"]))):
         model, version, signature = state["label"]
         sizes = state["recent_sizes"]
-        recent = ("%d batches, mean %.1f, last %s" % (
-            state["batches"], sum(sizes) / len(sizes), " ".join(map(str, sizes[-8:])))
+        recent = ("%d batches, mean %.1f, last %s (%s)" % (
+            state["batches"], sum(sizes) / len(sizes), " ".join(map(str, sizes[-8:])),
+            ", ".join("%s %d" % kv for kv in sorted(state["recent_reasons"].items())))
             if sizes else "none")
         plan = ("%d x %d rows" % (state["parallel"], state["target"]) if state["adaptive"]
                 else "timeout rule")
