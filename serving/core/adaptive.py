@@ -230,10 +230,11 @@ class Learner:
     def plan(self, concurrency, limit, threads, cap):
         """(parallel runs, target rows per run) for `concurrency` requests in the system:
         one run of c rows, or two of c/2 taking turns, whichever the cost model says
-        serves more rows per second; each is measured at this concurrency before the
-        choice, and the one not in use again every EXPLORE_EVERY batches. One run at a
-        time only while it lasts less than `cap` (the bound): rows that arrive during it
-        wait for it to end."""
+        serves more rows per second (measured points, else its lines; each class of run
+        is tried once before it can say), keeping the plan in use unless the other looks
+        SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches every
+        EXPLORE_EVERY to measure it again. One run at a time only while it lasts less
+        than `cap` (the bound): rows that arrive during it wait for it to end."""
         c = max(1, concurrency)
         one, two = min(c, limit), min(-(-c // 2), limit)
         if min(MAX_PARALLEL, threads) < 2 or c < 2:
@@ -241,9 +242,8 @@ class Learner:
         alone = self.cost.estimate(one, False)
         if alone is not None and alone > cap:
             return 2, two
-        alone = self.cost.measured(one, False)
-        shared = self.cost.measured(two, True)
-        if shared is None:
+        shared = self.cost.estimate(two, True)
+        if shared is None:  # nothing has run overlapped yet: try two runs
             return 2, two
         if alone is None:
             return 1, one
