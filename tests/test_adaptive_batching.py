@@ -223,7 +223,12 @@ def test_cost_model_keeps_measured_points_and_fits_a_line():
     # merging 1 + 3 rows into a run of 4 saves T(1) + T(3) - T(4); never above the cap
     assert learner.hold_bound(1, 4, 1, cap=1.0) == pytest.approx(0.012 + 0.05 - 0.02)
     assert learner.hold_bound(1, 4, 1, cap=0.01) == pytest.approx(0.01)
-    assert learner.hold_bound(1, 8, 1, cap=0.5) == 0.5  # 8 never ran: hold to measure it
+    # 8 and 7 never ran: the line stands in for them (T(1) is measured); at least the floor
+    assert learner.hold_bound(1, 8, 1, cap=0.5) == pytest.approx(
+        max(0.012 + (a + 7 * s) - (a + 8 * s), adaptive.HOLD_FLOOR * (a + 8 * s)))
+    # nothing overlapped has run: a short hold, within the cap
+    assert learner.hold_bound(1, 4, 2, cap=0.5) == adaptive.UNKNOWN_HOLD
+    assert learner.hold_bound(1, 4, 2, cap=0.001) == 0.001
 
 
 def test_a_full_queue_is_unavailable(tmp_path):

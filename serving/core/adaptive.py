@@ -51,6 +51,8 @@ EXPLORE_BATCHES = 4  # batches each re-measurement runs
 SWITCH_MARGIN = 1.05  # a plan must look this much faster to replace the one in use
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
 RATE_WINDOW = 1.0  # seconds over which arrivals are counted for the arrival rate
+HOLD_FLOOR = 0.05  # a hold for missing rows may last this share of the target's run
+UNKNOWN_HOLD = 0.01  # seconds a hold may last while the cost model knows nothing
 
 
 class CostModel:
@@ -87,6 +89,13 @@ class CostModel:
         """The moving average at exactly `rows` (None: not run twice at that size)."""
         point = self._points[bool(overlapped)].get(rows) if rows <= EXACT_SIZES else None
         return point[1] if point is not None and point[0] >= 2 else None
+
+    def known(self, rows, overlapped=False):
+        """Whether estimate(rows) stands on more than one point: measured at `rows`, or
+        a line through two sizes or more."""
+        if self.measured(rows, overlapped) is not None:
+            return True
+        return sum(p[0] >= 2 for p in self._points[bool(overlapped)].values()) >= 2
 
     def estimate(self, rows, overlapped=False):
         """T(rows): the measured point, else the line; None while no size of that class
@@ -230,8 +239,8 @@ class Learner:
     def plan(self, concurrency, limit, threads, cap):
         """(parallel runs, target rows per run) for `concurrency` requests in the system:
         one run of c rows, or two of c/2 taking turns, whichever the cost model says
-        serves more rows per second (measured points, else its lines; each class of run
-        is tried once before it can say), keeping the plan in use unless the other looks
+        serves more rows per second (measured points, else its lines once they stand on
+        two sizes; until then the plan is tried), keeping the plan in use unless the other looks
         SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches every
         EXPLORE_EVERY to measure it again. One run at a time only while it lasts less
         than `cap` (the bound): rows that arrive during it wait for it to end."""
@@ -242,11 +251,11 @@ class Learner:
         alone = self.cost.estimate(one, False)
         if alone is not None and alone > cap:
             return 2, two
-        shared = self.cost.estimate(two, True)
-        if shared is None:  # nothing has run overlapped yet: try two runs
+        if not self.cost.known(two, True):  # try two runs (again) to know their cost
             return 2, two
-        if alone is None:
+        if not self.cost.known(one, False):
             return 1, one
+        shared = self.cost.estimate(two, True)
         gap = (self.gap or 0.0) if one >= c else 0.0  # all c at once: clients turn around
         rate = {1: one / max(1e-9, alone + gap), 2: 2 * two / max(1e-9, shared)}
         best = max(rate, key=rate.get)
@@ -267,18 +276,17 @@ class Learner:
 
     def hold_bound(self, queued, target, parallel, cap):
         """How long holding `queued` rows for the target's missing rows is worth: what one
-        run of `target` rows saves over two runs (n, target - n), at most `cap`; `cap`
-        while the target size has not run twice (a batch of it must form once to be
-        measured)."""
+        run of `target` rows saves over two runs (n, target - n), from measured points
+        or the line; at least HOLD_FLOOR of a run of `target` (rows in flight usually
+        arrive sooner, and a run's noise must not break batches apart); UNKNOWN_HOLD while
+        nothing of that class has run twice; never above `cap`."""
         overlapped = parallel > 1
-        whole = self.cost.measured(target, overlapped)
-        if whole is None:
-            return cap
+        whole = self.cost.estimate(target, overlapped)
         now = self.cost.estimate(queued, overlapped)
         rest = self.cost.estimate(max(1, target - queued), overlapped)
-        if now is None or rest is None:
-            return cap
-        return max(0.0, min(cap, now + rest - whole))
+        if whole is None or now is None or rest is None:
+            return min(cap, UNKNOWN_HOLD)
+        return max(0.0, min(cap, max(now + rest - whole, HOLD_FLOOR * whole)))
 
     # --- what happened -------------------------------------------------------------
 
