@@ -173,6 +173,7 @@ def limit_section(args, photos, texts=None, sizes=None, levels=None, warm_levels
                 server.stop(grace_seconds=60)
             for limit in limits.values():
                 limit.close()
+    return results
 
 
 def limit_table(args, size, variants, limits, servers, images, digits, levels=None,
