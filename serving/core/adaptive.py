@@ -348,7 +348,7 @@ def decide(learner, queued, running_rows, running, limit, threads, cap, oldest, 
     until = oldest + cap
     reason = "bound (runs busy)"  # the plan's runs are all busy: wait for one to end
     if running < parallel:
-        if queued >= target:
+        if queued >= target or not queued:  # (no rows: requests with empty inputs)
             free = parallel - running
             rows = min(queued, limit) if parallel == 1 else \
                 min(queued, limit, max(target, -(-queued // free)))

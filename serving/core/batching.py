@@ -595,6 +595,8 @@ class Batcher:
                         for other in self._runs:
                             other.overlapped = True
                         self._runs.append(run)
+                        if queue.queued_rows and self._idle > 1:
+                            self._cond.notify()  # rows left: another thread weighs them
                         return queue, batch, decision, run
                     if self._stopped and wait is None:
                         return None  # nothing queued, and nothing can be queued any more
