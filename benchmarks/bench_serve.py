@@ -6,7 +6,8 @@ maximum request rate on a trivial model against bare grpcio and waitress; and (s
 `limit`) served throughput per precision (float32, --mixed_precision=bfloat16,
 --xla_cpu_compilation_enabled) against the machine's limit, in-process session.run at its
 best batch size in the same precision, with each precision's agreement with float32 on
-the validation images of a trained digits model.
+the validation images of a trained digits model; and (section `adaptive`) the adaptive
+batch scheduler against TF Serving's defaults and the tuned file at 1-32 clients.
 
     make bench-serve        (python benchmarks/bench_serve.py --help)
 
@@ -16,7 +17,7 @@ serving/tools/loadtest.py, the generator slimserve-loadtest and slimserve-tune u
 raw-bytes gRPC or HTTP sender from benchmarks/request_rate.py for the rate and limit
 rows). This file is the command line; the harness the sections share is
 benchmarks/serve_harness.py and each section is a file of its own: serve_table.py,
-serve_overhead.py, serve_rate.py, serve_limit.py.
+serve_overhead.py, serve_rate.py, serve_limit.py, serve_adaptive.py.
 These machines are noisy, so every comparison is made side by side: in-process, served
 without and with batching take turns in every round (the order rotating, all servers up
 all along), the concurrency-1 overhead is the median difference of interleaved request
@@ -27,6 +28,7 @@ import os
 
 import common  # pylint: disable=wrong-import-order
 import serve_harness  # pylint: disable=wrong-import-order  (quiets TensorFlow first)
+import serve_adaptive  # pylint: disable=wrong-import-order
 import serve_limit  # pylint: disable=wrong-import-order
 import serve_overhead  # pylint: disable=wrong-import-order
 import serve_rate  # pylint: disable=wrong-import-order
@@ -61,7 +63,10 @@ def main():
                              "busy, at --overhead_sizes), rate (maximum request rate on a "
                              "trivial model vs bare grpcio / waitress), limit (served "
                              "img/s per precision vs the in-process best-batch limit, with "
-                             "agreement; not in the default set).")
+                             "agreement; not in the default set), adaptive (the adaptive "
+                             "batch scheduler vs TF Serving's defaults and the tuned file "
+                             "at --adaptive_concurrency, in the limit section's table, "
+                             "plus a summary; not in the default set).")
     parser.add_argument("--overhead_sizes", default="32,224",
                         help="Model input sides the concurrency-1 overhead is measured at.")
     parser.add_argument("--rate_concurrency", type=int, default=32,
@@ -90,10 +95,14 @@ def main():
                              "same one); '@DIR' first in the flags runs that checkout's "
                              "server. 'vs fp32' compares a row with the fp32 row whose name "
                              "has the same words after the first. Default: fp32, bf16 and "
-                             "xla with --enable_batching's defaults.")
+                             "xla with --enable_batching alone (the adaptive scheduler).")
+    parser.add_argument("--adaptive_concurrency", default="1,2,4,8,16,32",
+                        help="adaptive section: closed-loop clients per served row.")
+    parser.add_argument("--adaptive_precisions", default="fp32,bf16",
+                        help="adaptive section: precisions (fp32, bf16, xla).")
     args = parser.parse_args()
     if not args.variant:
-        args.variant = ["%s defaults=--enable_batching %s" % (p, " ".join(f))
+        args.variant = ["%s adaptive=--enable_batching %s" % (p, " ".join(f))
                         for p, f in serve_limit.PRECISION_FLAGS.items()]
     sections = set(args.sections.split(","))
     args.logging_rates = [float(r) for r in args.logging_rates.split(",") if r]
@@ -116,6 +125,8 @@ def main():
         serve_table.table_section(args, images)
     if "limit" in sections:
         serve_limit.limit_section(args, images)
+    if "adaptive" in sections:
+        serve_adaptive.adaptive_section(args, images)
 
 
 if __name__ == "__main__":

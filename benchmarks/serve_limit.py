@@ -140,16 +140,20 @@ def parse_variants(texts):
     return variants
 
 
-def limit_section(args, photos):
+def limit_section(args, photos, texts=None, sizes=None, levels=None, warm_levels=None):
     """Served throughput against the in-process best-batch limit per precision, with the
     agreement column, at every --limit_sizes; one table per size (--variant: the served
-    rows)."""
+    rows). texts / sizes / levels replace --variant / --limit_sizes /
+    --limit_concurrency (another section's rows); warm_levels: warm every server at each
+    of these concurrencies (default: the largest level only). -> {size: what
+    limit_table returns}."""
     data_dir, model_dir = digits_model(args.digits_steps)
     from slimserve.estimator import schema  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import splits  # pylint: disable=import-outside-toplevel
     digits = splits.read_images(data_dir, schema.VALIDATION)[0]
-    variants = parse_variants(args.variant)
-    for size in [int(x) for x in args.limit_sizes.split(",") if x]:
+    variants = parse_variants(texts if texts is not None else args.variant)
+    results = {}
+    for size in sizes or [int(x) for x in args.limit_sizes.split(",") if x]:
         base = trained_export(model_dir, size)
         export_dir = os.path.join(base, str(writer.list_versions(base)[-1]))
         images = (photos if size >= 96 else digits)[:64]  # what the load sends
@@ -162,17 +166,22 @@ def limit_section(args, photos):
                 root = flags[0][1:] if flags and flags[0].startswith("@") else None
                 servers[index] = harness.start_server(
                     base, root=root, extra_args=flags[1:] if root else flags)
-            limit_table(args, size, variants, limits, servers, images, digits)
+            results[size] = limit_table(args, size, variants, limits, servers, images,
+                                        digits, levels, warm_levels)
         finally:
             for server in servers.values():
                 server.stop(grace_seconds=60)
             for limit in limits.values():
                 limit.close()
+    return results
 
 
-def limit_table(args, size, variants, limits, servers, images, digits):
+def limit_table(args, size, variants, limits, servers, images, digits, levels=None,
+                warm_levels=None):
+    """Measures and prints one size's table -> (rows, {row: [measurement per round]},
+    {precision: in-process rate per batch size})."""
     batches = [int(b) for b in args.limit_batches.split(",")]
-    levels = [int(c) for c in args.limit_concurrency.split(",")]
+    levels = levels or [int(c) for c in args.limit_concurrency.split(",")]
     # agreement with float32 on every validation digit, served end to end
     reference = limits["fp32"].probabilities(digits)
     agreement = {}
@@ -195,7 +204,8 @@ def limit_table(args, size, variants, limits, servers, images, digits):
             limit.batch), flush=True)
     requests = harness.predict_requests(images)
     for server in servers.values():  # warm each server at every batch size it forms
-        harness.closed_loop(server.address, requests, max(levels), 2.0, warmup=0.5)
+        for level in warm_levels or [max(levels)]:
+            harness.closed_loop(server.address, requests, level, 2.0, warmup=0.5)
     # a row: (name, precision, concurrency, variant index); a name may repeat across
     # variants tuned for different concurrencies ("fp32 tuned@8", "fp32 tuned@16"), so
     # servers and agreement are keyed by the variant's index, never by its name
@@ -266,3 +276,4 @@ def limit_table(args, size, variants, limits, servers, images, digits):
           "search); vs fp32: the same against the float32 row of the same path; agreement "
           "/ max |dp|: argmax agreement and largest probability difference with in-process "
           "float32 on all %d validation digits, sent through that path)" % len(digits))
+    return rows, seen, {p: limit.by_batch for p, limit in limits.items()}

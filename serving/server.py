@@ -262,7 +262,8 @@ class ModelServer:
                 path, batching, settings.per_model_batching)) if batching else None,
             health=self.component_health)
         self.batcher = (batching_lib.Batcher(batching, self.metrics.observe_batch,
-                                             self.metrics.observe_queue_wait)
+                                             self.metrics.observe_queue_wait,
+                                             on_failure=self._batching_failed)
                         if batching else None)
         # Requests are counted, and shown on the status page, under served model names only.
         self.metrics.set_served_models(c.name for c in configs)
@@ -275,6 +276,9 @@ class ModelServer:
             window=request_window.RequestWindow(label=self.metrics.model_label))
         self.metrics.add_collector(self.request_logs.families)
         self.metrics.add_collector(lambda: [metrics_lib.model_runtime_family(self.manager)])
+        if self.batcher is not None:
+            self.metrics.add_collector(
+                lambda: self.metrics.batching_families(self.batcher.learners()))
         self._config_poller = None
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
             self._config_poller = poller.ConfigFilePoller(
@@ -346,6 +350,12 @@ class ModelServer:
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for name in HEALTH_SERVICES:
             self.health.set(name, status)
+
+    def _batching_failed(self, message):
+        """The Batcher's on_failure: no batch thread is left, so no batched request can
+        be answered; a permanent failure of the "batching" component (the health service
+        answers NOT_SERVING; GetModelStatus and the status page say why)."""
+        self.component_health.fail("batching", message)
 
     def flush_request_logs(self, timeout=None):
         """Publishes every model's open request log file now (SIGUSR1 to slimserve-server);

@@ -44,7 +44,7 @@ def _together(params, servable, inputs):
     """Runs `inputs` (one array each) as concurrent requests through a Batcher with
     `params` -> ([outputs or ServingError per input], [batch size per batch run])."""
     seen = []
-    batcher = batching.Batcher(params, on_batch=seen.append)
+    batcher = batching.Batcher(params, on_batch=lambda rows, label: seen.append(rows))
     _, sig = servable.signature("serving_default")
     pool = concurrent.futures.ThreadPoolExecutor(len(inputs))
 
@@ -301,3 +301,109 @@ def test_bad_platform_config_names_the_file(tmp_path, text, expected):
 def _options(**changes):
     from slimserve.serving import options as options_lib  # pylint: disable=import-outside-toplevel
     return options_lib.ServerOptions(**changes)
+
+
+NUMERIC_FIELDS = ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches",
+                  "num_batch_threads", "allowed_batch_sizes", "max_execution_batch_size")
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["tf_serving", "adaptive"])
+@pytest.mark.parametrize("field", NUMERIC_FIELDS)
+@pytest.mark.parametrize("value", [0, -1, 2 ** 31, 2 ** 63 - 1])
+def test_every_field_out_of_its_bound_is_refused_naming_file_and_field(
+        tmp_path, probe, field, value, adaptive):
+    """0, -1, 2^31 and 2^63-1 at every number of a batching file (TF Serving's and the
+    adaptive scheduler's): a refusal naming the file and the field, or parameters that
+    start batch threads and serve (a full batch runs at once, whatever the timeout)."""
+    path = tmp_path / "batching.config"
+    text = ("allowed_batch_sizes: %d" % value if field == "allowed_batch_sizes"
+            else "%s { value: %d }" % (field, value))
+    if adaptive:
+        text += ' thread_pool_name { value: "%s" }' % batching.ADAPTIVE_POOL
+    path.write_text(text)
+    try:
+        params = batching.BatchingParameters.from_file(str(path))
+    except files.ConfigError as error:
+        assert "--batching_parameters_file %s: " % path in str(error)
+        assert field in str(error)
+        assert len(str(error).splitlines()) == 1
+        return
+    assert (field, value) in {("batch_timeout_micros", 0), ("batch_timeout_micros", 2 ** 31),
+                              ("max_enqueued_batches", 0), ("max_execution_batch_size", 0)}
+    assert params.adaptive == adaptive
+    full = _rows(params.max_batch_size)
+    (out,), seen = _together(params, probe, [full])
+    assert seen == [params.max_batch_size]
+    np.testing.assert_array_equal(out["echo"], full)
+
+
+def test_an_out_of_bound_file_stops_the_server_before_it_starts_a_thread(tmp_path,
+                                                                           probe_base):
+    """The issue's cases: a million batch threads, and a timeout of 2^63-1 microseconds
+    (which once killed the batch thread in Condition.wait at the first full batch)."""
+    from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
+    for text, field in (("num_batch_threads { value: 1000000 }", "num_batch_threads"),
+                        ("batch_timeout_micros { value: 9223372036854775807 }",
+                         "batch_timeout_micros")):
+        path = tmp_path / "batching.config"
+        path.write_text(text)
+        with pytest.raises(files.ConfigError) as raised:
+            server_lib.ModelServer(model_base_path=probe_base, model_name="probe",
+                                   enable_batching=True,
+                                   batching_parameters_file=str(path))
+        assert "--batching_parameters_file %s: %s must be in" % (path, field) in \
+            str(raised.value)
+
+
+def test_batch_threads_the_process_cannot_start_are_a_clean_error(monkeypatch):
+    import threading  # pylint: disable=import-outside-toplevel
+    started = []
+    original = threading.Thread.start
+
+    def start(self):
+        if len(started) == 3:
+            raise RuntimeError("can't start new thread")
+        started.append(self)
+        original(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    params = batching.BatchingParameters(num_batch_threads=64,
+                                         source="--batching_parameters_file b.config")
+    with pytest.raises(files.ConfigError) as raised:
+        batching.Batcher(params)
+    assert str(raised.value).startswith("--batching_parameters_file b.config: "
+                                        "num_batch_threads: cannot start 64 batch threads")
+    monkeypatch.undo()
+    for thread in started:  # the ones it did start were stopped
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def test_a_per_model_file_out_of_bound_keeps_the_old_version_serving(tmp_path):
+    base = _probe_with(str(tmp_path / "probe"), "max_batch_size { value: 4 }")
+    server = serve_in_process([model_config.ServedModel("probe", base)],
+                              enable_model_warmup=False, rest_api_port=0,
+                              batching_parameters=batching.BatchingParameters(),
+                              enable_per_model_batching_parameters=True)
+    try:
+        tiny_models.write_batch_probe_model(base, version=2)
+        bad = os.path.join(base, "2", "assets.extra", "batching_params.pbtxt")
+        os.makedirs(os.path.dirname(bad))
+        with open(bad, "w") as handle:
+            handle.write("max_batch_size { value: 2147483648 }")
+        server.manager.poll()
+        statuses = {v: (state, error) for v, state, error in server.manager.status("probe")}
+        assert statuses[1][0] == "AVAILABLE"
+        assert statuses[2][0] == "END"
+        assert "batching_params.pbtxt: max_batch_size must be in" in statuses[2][1]
+        assert _predict(server.port, "probe", _rows(1))["rows"].tolist() == [1]  # v1 serves
+    finally:
+        server.stop()
+
+
+def test_the_bounds_table_in_reliability_md_is_the_code_s():
+    from slimserve import fields  # pylint: disable=import-outside-toplevel
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs",
+                             "reliability.md")).read()
+    for field, rule in fields.bounds_table(batching.BatchingParameters):
+        assert "| `%s` | %s |" % (field, rule) in page, field

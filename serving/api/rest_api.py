@@ -142,8 +142,8 @@ class RestApi:
                 "Internal error: %s" % error))
 
     def status_page(self):
-        """The HTML status page: every model's versions and states, and the last
-        minute's traffic (serving/observability/status_page.py)."""
+        """The HTML status page: every model's versions and states, the last minute's
+        traffic and the batch scheduler's state (serving/observability/status_page.py)."""
         manager = self._service.manager
         models = {}
         for name in manager.model_names:
@@ -154,7 +154,12 @@ class RestApi:
                 models[name] = []
         failing = {component: failure.message for component, failure
                    in manager.health.failing().items()}
-        return status_page.render(models, self._service.window.summary(), failing=failing)
+        batcher = self._service.batcher
+        batching = None if batcher is None else {
+            "problem": batcher.problem(), "thread_failures": list(batcher.thread_failures),
+            "learners": batcher.learners()}
+        return status_page.render(models, self._service.window.summary(), failing=failing,
+                                  batching=batching)
 
     def _dispatch(self, method, path, body):
         malformed = errors.invalid("Malformed request: %s %s", method, path)

@@ -78,7 +78,9 @@ def _default(name):
 
 def from_flags(options):
     """The settings the flags compose (what TF Serving puts in its SessionBundleConfig
-    without a platform config file)."""
+    without a platform config file). --enable_batching without a parameters file is the
+    adaptive scheduler (core/adaptive.py): the same answers as TF Serving's defaults,
+    batch sizes and timing chosen from what it measures."""
     batching = None
     if options.batching_parameters is not None:
         options.batching_parameters.check("batching_parameters")
@@ -86,7 +88,8 @@ def from_flags(options):
     elif options.enable_batching:
         batching = (batching_lib.BatchingParameters.from_file(options.batching_parameters_file)
                     if options.batching_parameters_file
-                    else batching_lib.BatchingParameters())
+                    else batching_lib.BatchingParameters.adaptive_defaults(
+                        source="--enable_batching (adaptive)"))
     tags = tuple(t for t in options.saved_model_tags.split(",") if t) or None
     return BundleSettings(
         session_config=session_lib.base_session_config(options), batching=batching,

@@ -1,15 +1,23 @@
 """Server-side request batching like TF Serving's --enable_batching (its BatchingSession
-over a SharedBatchScheduler, batching_session.cc and shared_batch_scheduler.h).
+over a SharedBatchScheduler, batching_session.cc and shared_batch_scheduler.h), plus an
+adaptive mode that needs no parameters (core/adaptive.py).
 
 Every (servable, signature, outputs, input dtypes and shapes past the batch dimension)
 has its own queue of batches; the last batch of a queue is open and takes new requests
 until it holds max_batch_size rows (max_execution_batch_size with
-enable_large_batch_splitting). A batch becomes schedulable when it is full, closed, or its
-oldest request has waited batch_timeout_micros (0: at once, when a thread is free).
-num_batch_threads threads, shared by every queue, take schedulable batches round-robin,
-concatenate the requests along dimension 0 (padded up to the next allowed_batch_sizes
-entry with copies of a real row, and, with pad_variable_length_inputs, every dimension past
-the first padded to the batch's largest), run them once and hand each request its rows.
+enable_large_batch_splitting). num_batch_threads threads, shared by every queue, take
+schedulable batches round-robin, concatenate the requests along dimension 0 (padded up to
+the next allowed_batch_sizes entry with copies of a real row, and, with
+pad_variable_length_inputs, every dimension past the first padded to the batch's largest),
+run them once and hand each request its rows. When a batch is schedulable:
+
+- TF Serving's rule (a parameters file): when it is full, closed, or its oldest request
+  has waited batch_timeout_micros (0: at once, when a thread is free);
+- adaptive (--enable_batching without a file, or thread_pool_name "slimserve_adaptive"
+  in a file): when the policy of core/adaptive.py says so, from the cost of each batch size
+  and the load it has measured; batch_timeout_micros is then the longest a free thread
+  ever holds rows back (the bound), and a batch may take part of the queued rows.
+
 A queue holds at most max_enqueued_batches batches: past that a request is answered
 UNAVAILABLE instead of growing memory. A request's deadline (core/deadlines.py) bounds its
 wait: past it the request is answered DEADLINE_EXCEEDED and dropped from its batch, and a
@@ -19,11 +27,19 @@ It is the server's one scheduler: a TFLite model's interpreter pool batches thro
 (Batcher.submit with core/tflite_servable.py's scheduling_parameters), as TF Serving's
 TfLiteSession reuses its BasicBatchScheduler.
 
+No batch thread dies silently: an exception in one (outside the model run, whose errors
+answer its requests) is logged naming the thread and the model, the requests of its batch
+are answered INTERNAL, and the thread carries on; a thread that fails
+MAX_THREAD_FAILURES times in a row stops, and once none is left the batcher reports the
+failure (`problem()`: the health service and the status page show it) and answers every
+request INTERNAL instead of letting it wait.
+
 Differences from TF Serving, on purpose: requests of different shapes never share a batch
 without padding (TF Serving fails such a batch as a whole); when a batch fails with an
 error that is not a deadline, its requests are re-run one by one, so one bad request does
-not fail its batch-mates.
+not fail its batch-mates; every field has an upper bound (BatchingParameters.check).
 """
+import bisect
 import collections
 import dataclasses
 import logging
@@ -33,8 +49,11 @@ import time
 import grpc
 import numpy as np
 
+from slimserve import errors as user_errors
+from slimserve import fields
 from slimserve.serving import limits
 from slimserve.serving.config import files
+from slimserve.serving.core import adaptive
 from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 
@@ -44,24 +63,68 @@ PER_MODEL_FILE = "assets.extra/batching_params.pbtxt"
 # servable.batching_parameters for a version that is not batched (per-model parameters
 # are on and the version has no file, as TF Serving then serves it unbatched).
 UNBATCHED = "unbatched"
+# The thread_pool_name that asks for the adaptive scheduler in a parameters file (a
+# slimserve extension TF Serving's parser accepts: to it, it only names the pool).
+ADAPTIVE_POOL = "slimserve_adaptive"
+# The adaptive mode's bound on holding rows back (its batch_timeout_micros when a file
+# does not set one), as long as the timeouts slimserve-tune picks for image models: one
+# run at a time is only planned for batches that take less than it.
+ADAPTIVE_BOUND_MICROS = 500 * 1000
+# The largest batch (and allowed size, and queue length in batches): far above what one
+# host batches, low enough that padding to it or counting it cannot run away.
+MAX_BATCH_SIZE = 2 ** 20
+MAX_ENQUEUED_BATCHES = 2 ** 20
+# A batch thread that fails this often in a row (outside model runs) stops.
+MAX_THREAD_FAILURES = 8
+# Kinds of request whose learning is kept (least recently used dropped first).
+MAX_LEARNERS = 256
+
+
+def _field(default, help_text, bound=None):
+    return fields.option(default, help_text, bound)
 
 
 @dataclasses.dataclass
 class BatchingParameters:
-    """TF Serving's BatchingParameters (session_bundle_config.proto), field for field.
+    """TF Serving's BatchingParameters (session_bundle_config.proto), field for field,
+    each with a bound (`check`).
 
-    The defaults are what --enable_batching uses without --batching_parameters_file;
-    a file's fields replace them one by one (docs/serving.md says how they were chosen
-    and where they differ from TF Serving's)."""
-    max_batch_size: int = 32
-    batch_timeout_micros: int = 0
-    max_enqueued_batches: int = 100
-    num_batch_threads: int = 1
-    thread_pool_name: str = "model_server_batch_threads"
-    allowed_batch_sizes: tuple = ()
-    pad_variable_length_inputs: bool = False
-    enable_large_batch_splitting: bool = False
-    max_execution_batch_size: int = 0  # 0: max_batch_size (TF Serving's when unset)
+    The defaults are TF Serving's scheduler with the values docs/serving.md gives; a
+    file's fields replace them one by one. `adaptive_defaults()` is what --enable_batching
+    uses without --batching_parameters_file (core/adaptive.py). `source` names the flag
+    and file the parameters came from, for errors."""
+    max_batch_size: int = _field(32, "Largest batch, in rows; a larger request is "
+                                 "INVALID_ARGUMENT.", fields.Bound(1, MAX_BATCH_SIZE))
+    batch_timeout_micros: int = _field(
+        0, "Longest wait of a batch's first request for the batch to fill (adaptive: the "
+        "longest hold).", fields.Bound(0, limits.DAY_MICROS))
+    max_enqueued_batches: int = _field(100, "Batches one queue holds; past it UNAVAILABLE.",
+                                       fields.Bound(1, MAX_ENQUEUED_BATCHES))
+    num_batch_threads: int = _field(1, "Threads running batches, shared by every model.",
+                                    limits.THREADS)
+    thread_pool_name: str = _field("model_server_batch_threads", "The pool's name; "
+                                   "%s asks for the adaptive scheduler." % ADAPTIVE_POOL)
+    allowed_batch_sizes: tuple = _field((), "Sizes a batch is padded up to.",
+                                        fields.Bound(1, MAX_BATCH_SIZE))
+    pad_variable_length_inputs: bool = _field(False, "Pad dimensions past the first.")
+    enable_large_batch_splitting: bool = _field(False, "Split a request across batches.")
+    max_execution_batch_size: int = _field(
+        0, "Largest batch run with splitting (0: max_batch_size).",
+        fields.Bound(0, MAX_BATCH_SIZE))
+    source: str = dataclasses.field(default="batching parameters", compare=False)
+
+    @classmethod
+    def adaptive_defaults(cls, **changes):
+        """The adaptive scheduler's parameters: batches of up to 32 rows, rows held at
+        most ADAPTIVE_BOUND_MICROS, two batch threads (one batch fills while another
+        runs), 100 batches per queue."""
+        return cls(**dict(dict(batch_timeout_micros=ADAPTIVE_BOUND_MICROS,
+                               num_batch_threads=2, thread_pool_name=ADAPTIVE_POOL),
+                          **changes))
+
+    @property
+    def adaptive(self):
+        return self.thread_pool_name == ADAPTIVE_POOL
 
     @classmethod
     def from_file(cls, path, flag="batching_parameters_file"):
@@ -72,9 +135,15 @@ class BatchingParameters:
     @classmethod
     def from_proto(cls, proto, where="--batching_parameters_file"):
         """From TF Serving's BatchingParameters message: the fields it sets replace our
-        defaults; `where` names the flag and file in errors."""
-        params = cls()
+        defaults (the adaptive ones when it names the adaptive pool); `where` names the
+        flag and file in errors."""
+        asks_adaptive = proto.HasField("thread_pool_name") and \
+            proto.thread_pool_name.value == ADAPTIVE_POOL
+        params = cls.adaptive_defaults() if asks_adaptive else cls()
+        params.source = where
         for field in dataclasses.fields(cls):
+            if field.name == "source":
+                continue
             if field.name == "allowed_batch_sizes":
                 params.allowed_batch_sizes = tuple(int(s) for s in proto.allowed_batch_sizes)
             elif field.name == "pad_variable_length_inputs":
@@ -94,30 +163,31 @@ class BatchingParameters:
             return self.max_execution_batch_size
         return self.max_batch_size
 
-    def check(self, where="batching parameters"):
+    def check(self, where=None):
         """Refuses what TF Serving refuses when it builds the batching session, with its
-        wording, behind `where` (the flag and file at fault), as a files.ConfigError (a
-        UserError), plus a thread count and a timeout beyond reason; returns self."""
+        wording, then any field outside its bound (the table in docs/reliability.md),
+        behind `where` (the flag and file at fault; default: `source`), as a
+        files.ConfigError (a UserError); returns self."""
+        where = where or self.source
+
         def fail(message):
             raise files.ConfigError("%s: %s" % (where, message))
         if self.max_batch_size < 1:
             fail("max_batch_size must be positive; was %d" % self.max_batch_size)
         if self.num_batch_threads < 1:
             fail("num_batch_threads must be positive; was %d" % self.num_batch_threads)
-        if self.num_batch_threads > limits.MAX_THREADS:  # each one is a thread, started now
-            fail("num_batch_threads must be at most %d; was %d"
-                 % (limits.MAX_THREADS, self.num_batch_threads))
         if self.batch_timeout_micros < 0:
             fail("batch_timeout_micros must be non-negative; was %d"
                  % self.batch_timeout_micros)
-        if self.batch_timeout_micros > limits.DAY_MICROS:
-            fail("batch_timeout_micros must be at most a day (%d); was %d"
-                 % (limits.DAY_MICROS, self.batch_timeout_micros))
         if self.max_enqueued_batches < 1:
             fail("max_enqueued_batches must be positive; was %d" % self.max_enqueued_batches)
         if self.max_execution_batch_size < 0:
             fail("max_execution_batch_size must be positive; was %d"
                  % self.max_execution_batch_size)
+        try:
+            fields.check(self, where)
+        except user_errors.UserError as error:
+            raise files.ConfigError(str(error)) from None
         if self.enable_large_batch_splitting and \
                 self.execution_batch_size > self.max_batch_size:
             fail("When enable_large_batch_splitting is true, input_batch_size_limit must be "
@@ -128,7 +198,7 @@ class BatchingParameters:
         if sizes:
             if any(s < 1 for s in sizes) or any(b <= a for a, b in zip(sizes, sizes[1:])):
                 fail("allowed_batch_sizes entries must be positive and monotonically "
-                     "increasing; got %s" % list(sizes))
+                     "increasing; got %s" % _shorten(sizes))
             if sizes[-1] != self.max_batch_size:
                 fail("Last entry in allowed_batch_sizes must match max_batch_size; last "
                      "entry was %d; expected %d" % (sizes[-1], self.max_batch_size))
@@ -137,10 +207,15 @@ class BatchingParameters:
     def padded_size(self, rows):
         """The lowest allowed batch size >= rows (rows when none is, or none are given),
         as batching_util.cc's RoundToLowestAllowedBatchSize."""
-        for size in self.allowed_batch_sizes:
-            if size >= rows:
-                return size
-        return rows
+        index = bisect.bisect_left(self.allowed_batch_sizes, rows)
+        return self.allowed_batch_sizes[index] if index < len(self.allowed_batch_sizes) \
+            else rows
+
+
+def _shorten(values, most=8):
+    values = list(values)
+    return str(values) if len(values) <= most else "[%s, ... (%d entries)]" % (
+        ", ".join(str(v) for v in values[:most]), len(values))
 
 
 def parameters_for_version(version_dir, common, per_model):
@@ -179,11 +254,14 @@ class _Request:
 
 
 class _Piece:
-    """Rows [start, start + rows) of a request, as one entry of one batch."""
-    __slots__ = ("request", "index", "feeds", "rows")
+    """Rows [start, start + rows) of a request, as one entry of one batch of `queue`;
+    `running` once its batch is taken, `answered` once its rows (or error) are in."""
+    __slots__ = ("request", "index", "feeds", "rows", "queue", "running", "answered")
 
-    def __init__(self, request, index, feeds, rows):
+    def __init__(self, request, index, feeds, rows, queue):
         self.request, self.index, self.feeds, self.rows = request, index, feeds, rows
+        self.queue = queue
+        self.running = self.answered = False
 
 
 class _Batch:
@@ -195,14 +273,20 @@ class _Batch:
 
 class _Queue:
     """One kind of request (see the module docstring): a deque of batches, the last one
-    open, run through `run(feeds, deadline) -> {output key: ndarray}`. All methods are
-    called with the Batcher's lock held."""
+    open, run through `run(feeds, deadline) -> {output key: ndarray}`, and the Learner of
+    its kind (core/adaptive.py). All methods are called with the Batcher's lock held."""
 
-    def __init__(self, params, run):
+    def __init__(self, params, run, learner):
         self.params = params
         self.run = run
+        self.learner = learner
+        learner.adaptive = params.adaptive
         self.batches = collections.deque([_Batch()])
-        self.running = 0
+        self.running = 0  # batches of this queue being run
+        self.queued_rows = 0
+        self.running_rows = 0
+        self.hold_start = None  # when a free run first held the queued rows for more
+        self.hold_planned = 0.0  # the latest start allowed them, after the oldest's arrival
 
     def schedule(self, request):
         params, limit = self.params, self.params.execution_batch_size
@@ -230,13 +314,13 @@ class _Queue:
                     len(self.batches), params.max_enqueued_batches)
             sizes = [request.rows]
         if len(sizes) == 1:
-            pieces = [_Piece(request, 0, request.feeds, request.rows)]
+            pieces = [_Piece(request, 0, request.feeds, request.rows, self)]
         else:
             request.parts, request.pending = [None] * len(sizes), len(sizes)
             pieces, start = [], 0
             for index, rows in enumerate(sizes):
                 pieces.append(_Piece(request, index, {k: v[start:start + rows] for k, v in
-                                                      request.feeds.items()}, rows))
+                                                      request.feeds.items()}, rows, self))
                 start += rows
         for piece in pieces:
             batch = self.batches[-1]
@@ -247,24 +331,67 @@ class _Queue:
                 batch.started = request.enqueued
             batch.pieces.append(piece)
             batch.rows += piece.rows
+        self.queued_rows += request.rows
 
-    def due(self, now, closing):
-        """0 when a batch can be taken now, else seconds until the open one times out
-        (None: nothing to take)."""
-        if len(self.batches) > 1:
-            return 0.0
-        batch = self.batches[0]
-        if not batch.pieces:
+    def decide(self, now, closing, threads):
+        """What a free batch thread does with this queue now -> adaptive.Decision (reason
+        "hold" with `wait` seconds, or why to run `rows` rows now; rows None: the first
+        batch), or None when nothing is queued."""
+        first = self.batches[0]
+        if not first.pieces:
             return None
-        if closing or batch.rows >= self.params.execution_batch_size:
-            return 0.0
-        return max(0.0, batch.started + self.params.batch_timeout_micros / 1e6 - now)
+        if closing:
+            return adaptive.Decision("closing")
+        if self.params.adaptive:
+            decision = adaptive.decide(
+                self.learner, self.queued_rows, self.running_rows, self.running,
+                self.params.execution_batch_size, threads,
+                self.params.batch_timeout_micros / 1e6, first.started, self.hold_start, now)
+        elif len(self.batches) > 1 or first.rows >= self.params.execution_batch_size:
+            decision = adaptive.Decision("full")
+        else:
+            timeout = self.params.batch_timeout_micros / 1e6
+            if now < first.started + timeout:
+                decision = adaptive.Decision("hold", wait=first.started + timeout - now,
+                                             planned=timeout)
+            else:
+                decision = adaptive.Decision("timeout", planned=timeout)
+        if decision.for_rows and self.hold_start is None:
+            self.hold_start = now
+        self.hold_planned = max(self.hold_planned, decision.planned)
+        return decision
 
-    def take(self):
-        batch = self.batches.popleft()
-        if not self.batches:
-            self.batches.append(_Batch())
+    def take(self, decision, now):
+        """The batch `decision` runs: the first batch, or its first `decision.rows` rows
+        (whole pieces, at least one); fills in the decision's record."""
+        first = self.batches[0]
+        count, rows = 0, 0  # the first pieces that fit in decision.rows (at least one)
+        if decision.rows is not None:
+            for piece in first.pieces:
+                if count and rows + piece.rows > decision.rows:
+                    break
+                count, rows = count + 1, rows + piece.rows
+        if decision.rows is None or count == len(first.pieces):
+            batch = self.batches.popleft()
+            if not self.batches:
+                self.batches.append(_Batch())
+        else:
+            batch = _Batch()
+            batch.pieces, first.pieces = first.pieces[:count], first.pieces[count:]
+            batch.rows, first.rows = rows, first.rows - rows
+            batch.started, first.started = first.started, first.pieces[0].request.enqueued
+        self.queued_rows -= batch.rows
         self.running += 1
+        self.running_rows += batch.rows
+        for piece in batch.pieces:
+            piece.running = True
+        decision.held = now - batch.started
+        decision.planned = max(self.hold_planned, decision.planned)
+        decision.bound = self.params.batch_timeout_micros / 1e6
+        decision.queued, decision.running = self.queued_rows + batch.rows, self.running - 1
+        self.hold_planned = 0.0
+        if not self.queued_rows:  # rows left keep the hold for more rows they are under
+            self.hold_start = None
         return batch
 
     def idle(self):
@@ -303,6 +430,15 @@ def _batch_rows(feeds):
     return rows
 
 
+class _Run:
+    """A batch being run, for the overlap flag of its cost (another run in progress at
+    any time during it: the two shared the cores)."""
+    __slots__ = ("overlapped",)
+
+    def __init__(self, overlapped):
+        self.overlapped = overlapped
+
+
 class Batcher:
     """Shared by all models; `run` blocks until the request's rows are computed.
 
@@ -312,27 +448,46 @@ class Batcher:
     TfLiteSession reuses its BasicBatchScheduler)."""
 
     def __init__(self, params: BatchingParameters, on_batch=None, on_queue_wait=None,
-                 name="batch"):
+                 name="batch", on_failure=None):
         """params: the server's parameters (a servable's own `batching_parameters`, when
         set, replace them for its requests; num_batch_threads is always these). on_batch
-        (rows after padding) is called for every batch run, on_queue_wait(seconds) for
-        every request as its batch starts (metrics). name: the batch threads' names are
-        `<name>-<i>`."""
+        (rows after padding, label) is called for every batch run, on_queue_wait(seconds,
+        label) for every request as its batch starts (metrics; label: (model, version,
+        signature) or None). on_failure(message): once no batch thread is left. name: the
+        batch threads' names are `<name>-<i>`. A thread count the process cannot start
+        is a ConfigError naming the parameters' source and num_batch_threads."""
         self.params = params
         self._on_batch = on_batch
         self._on_queue_wait = on_queue_wait
+        self._on_failure = on_failure
         self._cond = threading.Condition()
         self._queues = {}  # key -> _Queue
+        self._learners = collections.OrderedDict()  # kind -> adaptive.Learner (LRU)
         self._turn = 0  # round-robin position over the queues
         self._stopped = False
+        self._idle = 0  # batch threads waiting for work
+        self._runs = []  # _Run in progress
         self.batches_run = 0  # for tests and metrics: how much batching happened
         self.rows_run = 0
         self.batch_rows = collections.deque(maxlen=64)  # rows of the latest batches run
-        self._threads = [threading.Thread(target=self._work, name="%s-%d" % (name, i),
-                                          daemon=True)
-                         for i in range(params.num_batch_threads)]
-        for thread in self._threads:
-            thread.start()
+        self.thread_failures = []  # messages of the threads that stopped, newest last
+        self.failure = None  # set once no batch thread is left
+        self._threads = []
+        self._alive = 0  # batch threads started and not stopped
+        for index in range(params.num_batch_threads):
+            thread = threading.Thread(target=self._work, name="%s-%d" % (name, index),
+                                      daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as error:  # can't start new thread: memory, ulimit -u
+                self.stop()
+                raise files.ConfigError(
+                    "%s: num_batch_threads: cannot start %d batch threads (%s after %d); "
+                    "give fewer" % (params.source, params.num_batch_threads, error,
+                                    index)) from None
+            self._threads.append(thread)
+            with self._cond:
+                self._alive += 1
 
     def run(self, servable, signature_name, signature_def, feeds, output_keys, deadline=None):
         """A servable's request, batched with others of the same signature, outputs and
@@ -345,14 +500,21 @@ class Batcher:
             return servable.run(signature_def, batch_feeds, output_keys, batch_deadline)
 
         return self.submit((id(servable), signature_name, tuple(output_keys)), run, feeds,
-                           deadline, params)
+                           deadline, params,
+                           label=(servable.name, servable.version, signature_name),
+                           learning=(servable.name, servable.version, signature_name,
+                                     tuple(output_keys)))
 
-    def submit(self, kind, run, feeds, deadline=None, params=None):
+    def submit(self, kind, run, feeds, deadline=None, params=None, label=None,
+               learning=None):
         """Schedules `feeds` ({key: ndarray}, batch-major) with the requests of the same
         `kind` (a hashable) and input dtypes and shapes past the batch dimension; blocks
         until its rows are computed -> {output key: ndarray}. run(feeds, deadline) ->
         {output key: ndarray} runs a batch; the queue of a kind keeps the `run` of its
-        first request. params: this kind's BatchingParameters (default: the Batcher's)."""
+        first request. params: this kind's BatchingParameters (default: the Batcher's).
+        label: (model, version, signature) the status page and metrics show it under;
+        learning: what identifies the kind across queues (default: `kind`), so what the
+        scheduler learned outlives an idle queue."""
         params = params or self.params
         rows = _batch_rows(feeds)
         if params.pad_variable_length_inputs:  # shapes differ: padded when batched
@@ -364,14 +526,20 @@ class Batcher:
         with self._cond:
             if self._stopped:
                 raise errors.unavailable("server is shutting down")
+            if self.failure is not None:
+                raise errors.ServingError(grpc.StatusCode.INTERNAL, self.failure)
             queue = self._queues.get(key)
             if queue is None:
-                queue = self._queues[key] = _Queue(params, run)
+                queue = self._queues[key] = _Queue(params, run, self._learner(
+                    (learning if learning is not None else kind, shapes), label))
             queue.schedule(request)
-            # a batch to take now, or a new open batch whose timeout a sleeping worker
-            # does not know about yet
-            if queue.due(request.enqueued, False) == 0.0 or \
-                    queue.batches[0].pieces[0].request is request:
+            queue.learner.load.arrival(request.enqueued,
+                                       queue.queued_rows + queue.running_rows)
+            if self._idle and (params.adaptive or queue.batches[0].pieces[0].request is
+                               request or len(queue.batches) > 1 or
+                               queue.batches[0].rows >= params.execution_batch_size):
+                # a batch to take now, a new open batch whose timeout a sleeping thread
+                # does not know about yet, or (adaptive) rows the policy weighs again
                 self._cond.notify()
         if deadline is None:
             request.done.wait()
@@ -385,42 +553,139 @@ class Batcher:
             raise request.error
         return request.result
 
+    def _learner(self, key, label):
+        learner = self._learners.get(key)
+        if learner is None:
+            learner = self._learners[key] = adaptive.Learner(label)
+            while len(self._learners) > MAX_LEARNERS:
+                self._learners.popitem(last=False)
+        else:
+            self._learners.move_to_end(key)
+        return learner
+
     def _next_batch(self):
-        """Waits for a schedulable batch; returns (queue, batch), or None once stopped
-        with nothing left. Queues are served round-robin."""
+        """Waits for a batch to run; returns (queue, batch, decision, run), or None once
+        stopped with nothing left. Queues are served round-robin."""
         with self._cond:
-            while True:
-                now = time.monotonic()
-                keys = list(self._queues)
-                wait = None
-                for offset in range(len(keys)):
-                    key = keys[(self._turn + offset) % len(keys)]
-                    queue = self._queues[key]
-                    due = queue.due(now, self._stopped)
-                    if due == 0.0:
+            self._idle += 1
+            try:
+                while True:
+                    now = time.monotonic()
+                    keys = list(self._queues)
+                    wait = None
+                    for offset in range(len(keys)):
+                        key = keys[(self._turn + offset) % len(keys)]
+                        queue = self._queues[key]
+                        decision = queue.decide(now, self._stopped, self._alive)
+                        if decision is None:
+                            if queue.idle():
+                                del self._queues[key]  # recreated on its next request
+                            continue
+                        if decision.reason == "hold":
+                            wait = decision.wait if wait is None else min(wait,
+                                                                          decision.wait)
+                            continue
                         self._turn = (self._turn + offset + 1) % max(1, len(keys))
-                        return queue, queue.take()
-                    if due is not None:
-                        wait = due if wait is None else min(wait, due)
-                    elif queue.idle():
-                        del self._queues[key]  # recreated on its next request
-                if self._stopped and wait is None:
-                    return None  # nothing queued, and nothing can be queued any more
-                self._cond.wait(wait)
+                        try:
+                            batch = queue.take(decision, now)
+                        except Exception:
+                            self._drop(key, queue)
+                            raise
+                        run = _Run(bool(self._runs))
+                        for other in self._runs:
+                            other.overlapped = True
+                        self._runs.append(run)
+                        if queue.queued_rows and self._idle > 1:
+                            self._cond.notify()  # rows left: another thread weighs them
+                        return queue, batch, decision, run
+                    if self._stopped and wait is None:
+                        return None  # nothing queued, and nothing can be queued any more
+                    self._cond.wait(wait)
+            finally:
+                self._idle -= 1
 
     def _work(self):
+        name = threading.current_thread().name
+        failures = 0
         while True:
-            work = self._next_batch()
-            if work is None:
-                return
-            queue, batch = work
+            work = None
             try:
-                self._process(queue, batch)
+                work = self._next_batch()
+                if work is None:
+                    return
+                self._process(*work)
+                failures = 0
+            except Exception as error:  # pylint: disable=broad-except
+                failures += 1
+                where = _describe(work[0]) if work is not None else "scheduling"
+                logging.exception("batching: batch thread %s failed (%s; failure %d in a "
+                                  "row); its batch's requests are answered INTERNAL",
+                                  name, where, failures)
+                if work is not None:
+                    self._fail(work[1], "batch thread %s failed: %s: %s"
+                               % (name, type(error).__name__, error))
+                if failures >= MAX_THREAD_FAILURES:
+                    self._thread_stopped(name, where, error)
+                    return
+                time.sleep(min(1.0, 0.01 * 2 ** failures))  # a broken scheduler: not a spin
             finally:
-                with self._cond:
-                    queue.running -= 1
+                if work is not None:
+                    self._ended(work[0], work[1], work[3])
 
-    def _process(self, queue, batch):
+    def _ended(self, queue, batch, run):
+        """Accounting once a batch is over, however it ended (a piece still unanswered
+        then is answered INTERNAL: no request waits for a batch that is gone)."""
+        self._fail(batch, "batching: the batch ended without answering this request")
+        with self._cond:
+            queue.running -= 1
+            if run in self._runs:
+                self._runs.remove(run)
+            if self._idle:
+                self._cond.notify()  # a thread may hold rows until a run ends
+
+    def _thread_stopped(self, name, where, error):
+        message = "batch thread %s stopped after %d failures in a row (%s): %s: %s" % (
+            name, MAX_THREAD_FAILURES, where, type(error).__name__, error)
+        logging.error("batching: %s", message)
+        with self._cond:
+            self.thread_failures = (self.thread_failures + [message])[-16:]
+            self._alive -= 1
+            if self._alive > 0:
+                self._cond.notify_all()  # the others take over its work (or fail too)
+                return
+            self.failure = "batching failed: every batch thread stopped; last: " + message
+            queued = [p for q in self._queues.values() for b in q.batches for p in b.pieces]
+            for queue in self._queues.values():
+                queue.batches = collections.deque([_Batch()])
+                queue.queued_rows = 0
+        for piece in queued:
+            self._finish(piece, None, errors.ServingError(grpc.StatusCode.INTERNAL,
+                                                          self.failure))
+        if self._on_failure is not None:
+            self._on_failure(self.failure)
+
+    def _drop(self, key, queue):
+        """A queue whose state can no longer be trusted (taking a batch from it failed):
+        every request in it is answered INTERNAL and the queue starts afresh. Called
+        with the lock held."""
+        del self._queues[key]
+        message = "batching: the queue of %s failed; retry" % _describe(queue)
+        for batch in queue.batches:
+            for piece in batch.pieces:  # (the lock is re-entrant: _finish takes it too)
+                self._finish(piece, None, errors.ServingError(grpc.StatusCode.INTERNAL,
+                                                              message))
+
+    def problem(self):
+        """None while batches run; else why they cannot (every batch thread stopped)."""
+        return self.failure
+
+    def _fail(self, batch, message):
+        for piece in batch.pieces:
+            if not piece.answered:
+                self._finish(piece, None, errors.ServingError(grpc.StatusCode.INTERNAL,
+                                                              message))
+
+    def _process(self, queue, batch, decision, run):
         now = time.monotonic()
         pieces = []
         for piece in batch.pieces:
@@ -435,15 +700,20 @@ class Batcher:
             return
         rows = sum(p.rows for p in pieces)
         padded = queue.params.padded_size(rows)
+        learner = queue.learner
+        decision.rows, decision.padded = rows, padded
         with self._cond:
             self.batches_run += 1
             self.rows_run += rows
             self.batch_rows.append(rows)
+            learner.started(decision, now, alone=queue.running == 1)
+            learner.delays.extend(now - p.request.enqueued for p in pieces)
         if self._on_batch is not None:
-            self._on_batch(padded)
+            self._on_batch(padded, learner.label)
         if self._on_queue_wait is not None:
             for piece in pieces:
-                self._on_queue_wait(now - piece.request.enqueued)
+                self._on_queue_wait(now - piece.request.enqueued, learner.label)
+        started = time.perf_counter()
         try:
             merged = self._run_merged(queue, pieces, rows, padded)
         except errors.ServingError as error:
@@ -453,7 +723,8 @@ class Batcher:
                 return
             merged = None  # one bad request must not fail its batch-mates: one by one
         except Exception as error:  # pylint: disable=broad-except
-            logging.exception("batch of %d rows failed", rows)
+            logging.exception("batching: a batch of %d rows of %s failed", rows,
+                              _describe(queue))
             for piece in pieces:
                 self._finish(piece, None, errors.ServingError(grpc.StatusCode.INTERNAL,
                                                               str(error)))
@@ -466,6 +737,9 @@ class Batcher:
                 except errors.ServingError as single:
                     self._finish(piece, None, single)
             return
+        seconds = time.perf_counter() - started
+        with self._cond:
+            learner.finished(padded, seconds, run.overlapped, time.monotonic())
         start = 0
         for piece in pieces:
             self._finish(piece, {k: v[start:start + piece.rows] for k, v in merged.items()},
@@ -503,24 +777,48 @@ class Batcher:
 
     def _finish(self, piece, outputs, error):
         """Records one piece's outputs (or error); the request is answered when its last
-        piece is."""
+        piece is. Its rows leave the queue's running count first, so a closed-loop
+        client's next request never finds its previous one still counted."""
         request = piece.request
-        if request.parts is None:
-            request.result, request.error = outputs, error
-            request.done.set()
-            return
         with self._cond:
-            if error is not None and request.error is None:
-                request.error = error
-            request.parts[piece.index] = outputs
-            request.pending -= 1
-            last = request.pending == 0
+            if piece.answered:
+                return
+            piece.answered = True
+            if piece.running:
+                piece.queue.running_rows -= piece.rows
+            if request.parts is None:
+                request.result, request.error = outputs, error
+                last = True
+            else:
+                if error is not None and request.error is None:
+                    request.error = error
+                request.parts[piece.index] = outputs
+                request.pending -= 1
+                last = request.pending == 0
         if last:
-            if request.error is None:
-                request.result = {k: np.concatenate([part[k] for part in request.parts])
-                                  for k in request.parts[0]}
-            request.parts = [None] * len(request.parts)
+            if request.parts is not None:
+                if request.error is None:
+                    request.result = {k: np.concatenate([part[k] for part in request.parts])
+                                      for k in request.parts[0]}
+                request.parts = [None] * len(request.parts)
             request.done.set()
+
+    def learners(self):
+        """[Learner.state()] of every kind of request seen lately (status page, metrics)."""
+        with self._cond:
+            return [learner.state() for learner in self._learners.values()]
+
+    def queued_rows(self):
+        """Rows waiting in every queue (not yet in a batch that runs)."""
+        with self._cond:
+            return sum(queue.queued_rows for queue in self._queues.values())
+
+    def decisions(self, label=None):
+        """The recorded decisions (adaptive.Decision, oldest first) of the kinds under
+        `label` (None: all), for tests and tools."""
+        with self._cond:
+            return [d for learner in self._learners.values()
+                    if label is None or learner.label == label for d in learner.records]
 
     def stop(self):
         """Refuses new requests, runs every batch already queued, then stops the threads."""
@@ -529,6 +827,13 @@ class Batcher:
             self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
+
+
+def _describe(queue):
+    label = queue.learner.label
+    if label is None:
+        return "a %s queue" % queue.params.thread_pool_name
+    return "model %s version %s signature %s" % label
 
 
 def _pad_to_largest(key, values):

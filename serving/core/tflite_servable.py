@@ -205,11 +205,12 @@ def scheduling_parameters(num_interpreters, num_interpreters_per_pool, model_bat
     model's fixed batch size, when above 1), concurrent pieces with the same inputs merged
     up to that size, batch timeout 0, one batch thread per interpreter, at most 100
     batches queued per interpreter (UNAVAILABLE beyond). TF Serving also refuses a request
-    above 500 rows; this server splits it like any other (max_batch_size has no say)."""
+    above 500 rows; this server splits it like any other (up to batching.MAX_BATCH_SIZE
+    rows, far above what a request's element bound lets through)."""
     piece = model_batch_size if model_batch_size > 1 else \
         -(-INITIAL_BATCH_SIZE // num_interpreters_per_pool)
     return batching.BatchingParameters(
-        max_batch_size=fields.INT64_MAX, batch_timeout_micros=0,
+        max_batch_size=batching.MAX_BATCH_SIZE, batch_timeout_micros=0,
         max_enqueued_batches=100 * num_interpreters, num_batch_threads=num_interpreters,
         thread_pool_name="tflite", enable_large_batch_splitting=True,
         max_execution_batch_size=piece).check("TFLite scheduling parameters")

@@ -14,8 +14,13 @@ escaping and sample formatting are the library's). What is exported:
   (core/request_logger.cc), model_warmup_latency {model_path, status}, TensorFlow's
   saved_model load_attempt_count {model_path, status} and load_latency {model_path};
 - slimserve's own, in the same scheme: model_state {model_name, version, state},
-  request_latency_by_version {model_name, version, signature_name, API, entrypoint} and
-  :slimserve:serving:model_runtime {model_name, model_version, precision, xla_cpu_jit}.
+  request_latency_by_version {model_name, version, signature_name, API, entrypoint},
+  :slimserve:serving:model_runtime {model_name, model_version, precision, xla_cpu_jit},
+  and what the batch scheduler chose and learned per {model_name, version,
+  signature_name} (core/batching.py, core/adaptive.py): the batch sizes it ran and each
+  request's queue delay (histograms), the cost of a run per batch size
+  {batch_size, runs="alone"|"overlapped"}, the requests it counts in the system, their
+  arrival rate, its plan (parallel runs, target batch size) and its bound on a hold.
 
 Nothing a client chooses grows a series: a request naming a model this server does not
 serve is counted under model_name="<unknown>" (`UNKNOWN_MODEL`), latencies are kept only
@@ -53,6 +58,24 @@ MODEL_RUNTIME = ":slimserve:serving:model_runtime"
 LOAD_ATTEMPTS = ":tensorflow:cc:saved_model:load_attempt_count"  # TensorFlow's
 LOAD_LATENCY = ":tensorflow:cc:saved_model:load_latency"  # TensorFlow's: total microseconds
 WARMUP_LATENCY = ":tensorflow:serving:model_warmup_latency"  # microseconds
+# What the batch scheduler chose and learned, per model, version and signature.
+BATCHING = ":slimserve:serving:batching:"
+BATCHING_BATCH_SIZE = BATCHING + "batch_size"
+BATCHING_QUEUE_DELAY = BATCHING + "queue_delay"  # microseconds
+BATCHING_COST = BATCHING + "cost"  # microseconds per run
+BATCHING_GAUGES = {  # name: (help, state key, scale)
+    BATCHING + "adaptive": ("1 when the adaptive scheduler batches it, 0 for TF Serving's "
+                            "timeout rule.", "adaptive", 1),
+    BATCHING + "concurrency": ("Requests the scheduler counts in the system (queued and "
+                               "running; peak over the last batches).", "concurrency", 1),
+    BATCHING + "arrival_rate": ("Requests per second arriving (moving average).",
+                                "arrival_rate", 1),
+    BATCHING + "parallel_runs": ("Runs its plan lets go at a time (1 or 2).", "parallel", 1),
+    BATCHING + "target_batch_size": ("Rows its plan puts in a batch.", "target", 1),
+    BATCHING + "max_queue_delay": ("Longest a free batch thread holds rows back, "
+                                   "microseconds (the bound).", "bound", 1e6),
+}
+BATCHING_LABELS = ["model_name", "version", "signature_name"]
 VERSION_STATES = ("START", "LOADING", "AVAILABLE", "UNLOADING", "END")
 UNKNOWN_MODEL = "<unknown>"
 # TF Serving's API label: gRPC method names; REST requests carry the URL's verb.
@@ -89,6 +112,11 @@ _HELP = {
     LOAD_ATTEMPTS: "The number of times a SavedModel was successfully loaded.",
     LOAD_LATENCY: "Latency in microseconds for SavedModels that were successfully loaded.",
     WARMUP_LATENCY: "Distribution of wall time (in microseconds) for warming up the model.",
+    BATCHING_BATCH_SIZE: "Rows of each batch the scheduler ran, after padding (slimserve).",
+    BATCHING_QUEUE_DELAY: "Microseconds each request waited for its batch to start "
+                          "(slimserve).",
+    BATCHING_COST: "Microseconds a run of batch_size rows takes, as the scheduler measured "
+                   "it (moving average; runs: alone or overlapped by another run).",
 }
 # prometheus_client names every counter NAME_total; TF Serving's counters have no suffix,
 # and dashboards written for TF Serving query the bare names.
@@ -136,6 +164,8 @@ class Metrics:
         self._by_version = {}  # (model, version, signature, API, entrypoint) -> _Histogram
         self._queue_waits = _Histogram(QUEUING_BUCKETS)
         self._batch_sizes = _Histogram(BATCH_SIZE_BUCKETS)
+        self._batching_sizes = {}  # (model, version, signature) -> _Histogram
+        self._batching_delays = {}  # (model, version, signature) -> _Histogram
         self._version_states = {}  # (model, version) -> state
         self._ended = {}  # model -> [versions in END], oldest first
         self._load_attempts = {}  # (model_path, "success"|"fail") -> n
@@ -184,15 +214,61 @@ class Metrics:
                     key, _Histogram(LATENCY_BUCKETS))
                 histogram.add(LATENCY_BUCKETS, micros)
 
-    def observe_queue_wait(self, seconds):
-        """Batching: how long one request waited for its batch to start."""
+    def observe_queue_wait(self, seconds, label=None):
+        """Batching: how long one request waited for its batch to start; label: (model,
+        version, signature) of a served version, or None."""
         with self._lock:
             self._queue_waits.add(QUEUING_BUCKETS, seconds * 1e6)
+            self._add_batching(self._batching_delays, label, QUEUING_BUCKETS, seconds * 1e6)
 
-    def observe_batch(self, rows):
-        """Batching: one batch of `rows` rows ran."""
+    def observe_batch(self, rows, label=None):
+        """Batching: one batch of `rows` rows ran (label as in observe_queue_wait)."""
         with self._lock:
             self._batch_sizes.add(BATCH_SIZE_BUCKETS, rows)
+            self._add_batching(self._batching_sizes, label, BATCH_SIZE_BUCKETS, rows)
+
+    def _add_batching(self, series, label, bounds, value):
+        """Per-version batching series, for versions still serving only (as
+        latency_by_version)."""
+        if label is None or self._version_states.get(
+                (label[0], int(label[1]))) not in ("AVAILABLE", "UNLOADING"):
+            return
+        key = (label[0], str(label[1]), label[2] or "")
+        histogram = series.get(key) or series.setdefault(key, _Histogram(bounds))
+        histogram.add(bounds, value)
+
+    def batching_families(self, learners):
+        """The scheduler's state per served version and signature from
+        Batcher.learners() (several kinds under one label: the busiest), with the
+        per-version batch-size and queue-delay histograms."""
+        chosen = {}
+        with self._lock:
+            for state in learners:
+                label = state["label"]
+                if label is None or self._version_states.get(
+                        (label[0], int(label[1]))) not in ("AVAILABLE", "UNLOADING"):
+                    continue
+                key = (label[0], str(label[1]), label[2] or "")
+                if key not in chosen or state["batches"] > chosen[key]["batches"]:
+                    chosen[key] = state
+            out = [_histograms(BATCHING_BATCH_SIZE, BATCHING_LABELS, self._batching_sizes,
+                               BATCH_SIZE_BUCKETS),
+                   _histograms(BATCHING_QUEUE_DELAY, BATCHING_LABELS, self._batching_delays,
+                               QUEUING_BUCKETS)]
+        for name, (text, field, scale) in BATCHING_GAUGES.items():
+            family = GaugeMetricFamily(name, text + " (slimserve)", labels=BATCHING_LABELS)
+            for key, state in sorted(chosen.items()):
+                family.add_metric(list(key), float(state[field]) * scale)
+            out.append(family)
+        cost = GaugeMetricFamily(BATCHING_COST, _HELP[BATCHING_COST],
+                                 labels=BATCHING_LABELS + ["batch_size", "runs"])
+        for key, state in sorted(chosen.items()):
+            for size, alone, overlapped, _ in state["cost"]:
+                for runs, seconds in (("alone", alone), ("overlapped", overlapped)):
+                    if seconds is not None:
+                        cost.add_metric(list(key) + [str(size), runs], seconds * 1e6)
+        out.append(cost)
+        return out
 
     def model_event(self, model, version, state, error=""):
         """ModelManager.on_change: a version changed state (error: why a load failed; not
@@ -208,8 +284,9 @@ class Metrics:
             self._version_states[(model, version)] = state
             if state != "END":
                 return
-            for key in [k for k in self._by_version if k[:2] == (model, str(version))]:
-                del self._by_version[key]
+            for series in (self._by_version, self._batching_sizes, self._batching_delays):
+                for key in [k for k in series if k[:2] == (model, str(version))]:
+                    del series[key]
             ended.append(version)
             while len(ended) > MAX_ENDED_VERSIONS:
                 self._version_states.pop((model, ended.pop(0)), None)

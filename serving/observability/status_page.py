@@ -1,5 +1,7 @@
 """The read-only status page served at `GET /` (and `/status`) on the REST port: models,
-versions and their states, request rates and latency percentiles of the last minute.
+versions and their states, request rates and latency percentiles of the last minute, and
+what the batch scheduler chose and learned per model, version and signature (its plan,
+the batch sizes it ran, the requests' queue delay, its cost model; core/adaptive.py).
 
 One self-contained HTML document (inline CSS, no scripts, no external assets) that
 refreshes itself every few seconds, so it works in any browser and behind any proxy.
@@ -23,10 +25,72 @@ def _cell(value, numeric=False):
     return '<td%s>%s</td>' % (' class="num"' if numeric else "", value)
 
 
-def render(models, traffic, refresh_seconds=5, title="slimserve", now=None, failing=None):
+def _ms(seconds, digits=1):
+    return "" if seconds is None else "%.*f" % (digits, seconds * 1e3)
+
+
+def _cost(state):
+    """The cost model in a few words: measured sizes (alone / overlapped ms) and the line."""
+    parts = []
+    for size, alone, overlapped, _ in state["cost"][:12]:
+        text = "%d: %s" % (size, _ms(alone) or "-")
+        if overlapped is not None:
+            text += " / %s" % _ms(overlapped)
+        parts.append(text)
+    if len(state["cost"]) > 12:
+        parts.append("...")
+    line = state["line"]
+    if line is not None:
+        parts.append("line %s + %s&middot;b ms" % (_ms(line[0], 2), _ms(line[1], 3)))
+    return "; ".join(parts) or "nothing run twice yet"
+
+
+def _batching(batching):
+    """The Batching section: the scheduler's health, then one row per kind of request."""
+    esc = html.escape
+    parts = ["<h2>Batching</h2>"]
+    problem = batching.get("problem")
+    parts.append('<div class="%s" id="batching-health">%s</div>' % (
+        "err" if problem else "meta", esc(problem) if problem else
+        "batch threads running" + "".join(
+            ' &middot; <span class="err">%s</span>' % esc(m)
+            for m in batching.get("thread_failures", ()))))
+    parts.append("<table id=\"batching\"><tr><th>model</th><th>version</th><th>signature</th>"
+                 "<th>mode</th><th>in system</th><th>req/s in</th><th>plan</th>"
+                 "<th>recent batches</th><th>queue delay p50 / p99 / max ms</th>"
+                 "<th>bound ms</th><th>cost ms (alone / overlapped)</th></tr>")
+    rows = [s for s in batching.get("learners", ()) if s["label"] is not None]
+    if not rows:
+        parts.append("<tr><td class=\"none\" colspan=\"11\">no batch run yet</td></tr>")
+    for state in sorted(rows, key=lambda s: tuple(map(str, s["label"]))):
+        model, version, signature = state["label"]
+        sizes = state["recent_sizes"]
+        recent = ("%d batches, mean %.1f, last %s (%s)" % (
+            state["batches"], sum(sizes) / len(sizes), " ".join(map(str, sizes[-8:])),
+            ", ".join("%s %d" % kv for kv in sorted(state["recent_reasons"].items())))
+            if sizes else "none")
+        plan = ("%d x %d rows" % (state["parallel"], state["target"]) if state["adaptive"]
+                else "timeout rule")
+        parts.append("<tr>" + _cell(esc(str(model))) + _cell(esc(str(version)))
+                     + _cell(esc(str(signature or ""))) + _cell(
+                         "adaptive" if state["adaptive"] else "TF Serving")
+                     + _cell(state["concurrency"], True)
+                     + _cell("%.1f" % state["arrival_rate"], True) + _cell(plan)
+                     + _cell(esc(recent)) + _cell(" / ".join(
+                         _ms(state[k]) or "-" for k in ("delay_p50", "delay_p99",
+                                                         "delay_max")), True)
+                     + _cell(_ms(state["bound"]), True) + _cell(_cost(state)) + "</tr>")
+    parts.append("</table>")
+    return "".join(parts)
+
+
+def render(models, traffic, refresh_seconds=5, title="slimserve", now=None, failing=None,
+           batching=None):
     """models: {name: [(version, state, error message)]}; traffic: RequestWindow.summary();
     failing: {component: message} of the background components failing
-    (core/health.py), shown first."""
+    (core/health.py), shown first; batching: {"problem": why batches cannot run or None,
+    "thread_failures": [message], "learners": Batcher.learners()}, or None when batching
+    is off."""
     esc = html.escape
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<meta http-equiv=\"refresh\" content=\"%d\">" % refresh_seconds,
@@ -66,5 +130,8 @@ def render(models, traffic, refresh_seconds=5, title="slimserve", now=None, fail
                      + _cell(row["errors"], True) + _cell("%.1f" % row["p50_ms"], True)
                      + _cell("%.1f" % row["p90_ms"], True) + _cell("%.1f" % row["p99_ms"], True)
                      + "</tr>")
-    parts.append("</table></body></html>\n")
+    parts.append("</table>")
+    if batching is not None:
+        parts.append(_batching(batching))
+    parts.append("</body></html>\n")
     return "".join(parts)

@@ -111,6 +111,9 @@ class InProcess:
             **service_options)
         self.metrics.add_collector(self.request_logs.families)
         self.metrics.add_collector(lambda: [metrics_lib.model_runtime_family(self.manager)])
+        if self.batcher is not None:
+            self.metrics.add_collector(
+                lambda: self.metrics.batching_families(self.batcher.learners()))
         self.rest_api = rest_api.RestApi(self.service, self.metrics, monitoring_path,
                                          rest_timeout_ms, enable_cors, status_page)
         self._reload_lock = threading.Lock()

@@ -140,3 +140,30 @@ def write_batch_probe_model(base_path, version=1):
                           "rows": info(rows), "width": info(width), "total": info(total),
                           "echo": info(echo)}, PREDICT_METHOD)}
         return _save(path, graph, signatures, tf.no_op())
+
+
+def write_costly_model(base_path, iterations, odd_iterations=0, version=1):
+    """A model whose run costs a loop of `iterations` steps (~15 us each here), plus
+    `odd_iterations` more when its batch has an odd number of rows: a slow model, and one
+    whose cost is not monotonic in the batch size, for the batch scheduler's tests. Its
+    answer is exact whatever the batch:
+
+        serving_default: x float [-1, 2] -> doubled = 2x [-1, 2]
+                                            rows = the run's batch size, per row [-1]
+    """
+    path = os.path.join(base_path, str(version))
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+        batch = tf.shape(x, out_type=tf.int64)[0]
+        steps = iterations + odd_iterations * tf.math.floormod(batch, 2)
+        done = tf.while_loop(lambda i: i < steps, lambda i: i + 1,
+                             [tf.constant(0, tf.int64)], parallel_iterations=1)
+        # the loop's count joins the answer as 0 * count, so it cannot be pruned
+        doubled = 2.0 * x + 0.0 * tf.cast(done, tf.float32)
+        rows = tf.fill([batch], batch)
+        info = tf.compat.v1.saved_model.utils.build_tensor_info
+        signatures = {"serving_default": tf.compat.v1.saved_model.signature_def_utils
+                      .build_signature_def({"x": info(x)}, {
+                          "doubled": info(doubled), "rows": info(rows)}, PREDICT_METHOD)}
+        return _save(path, graph, signatures, tf.no_op())

@@ -1,0 +1,377 @@
+"""What the batch scheduler learns about each kind of request, and the adaptive policy that
+uses it (core/batching.py; --enable_batching without a parameters file).
+
+TF Serving's batching runs a batch when it is full or its oldest request has waited
+batch_timeout_micros, so the right settings depend on the model and on the load: with a
+timeout of 0 and one batch thread, 8 closed-loop clients split into small alternating
+batches; with a long timeout, fewer clients than the batch size wait it out every time.
+The adaptive policy needs no such settings. It learns, from the runs it makes:
+
+- the cost T(b) of a run of b rows (`CostModel`): a moving average per batch size, kept
+  apart for runs made alone and runs made while another run was in progress (two runs
+  share the cores), with a least-squares line a + s*b over the measured sizes for sizes
+  not run yet. Decisions use the measured points, so a cost that is not monotonic in b
+  is taken as it is;
+- the load (`LoadEstimate`): how many requests are in the system (queued + running; in a
+  closed loop, the number of clients) as the peak seen over the last few batches, and the
+  arrival rate.
+
+When a batch thread is free and n rows are queued it runs them at once or holds them for
+more, choosing by the cost model (`AdaptivePolicy.decide`):
+
+- with c requests in the system it plans batches near c: one run of c rows at a time
+  (p=1), or two runs of c/2 taking turns (p=2: one fills while the other runs), whichever
+  the cost model says serves more rows per second (c/(T1(c)+gap) against
+  c/T2(c/2)); the plan it does not use is measured again now and then;
+- it runs at once when the queue holds the planned batch, or when every request in the
+  system is already queued or running (nothing more can come: a lone request never
+  waits);
+- else it holds the rows at most as long as merging them with the missing rows saves:
+  T(n) + T(target - n) - T(target), never longer than the configured bound (the
+  parameters' batch_timeout_micros in this mode). A hold that runs out lowers the
+  estimate of the requests in the system, so a client that left costs one bound.
+
+Every batch's decision is recorded (`Decision`: rows, why it ran, how long it was held and
+for how long it could have been), so tests read what the scheduler did from its own
+records and the status page and metrics show it.
+"""
+import collections
+import math
+
+# Sizes up to this are learned one by one; above it by powers of two (the line covers
+# the sizes in between).
+EXACT_SIZES = 64
+ALPHA = 0.25  # weight of a new run in a size's moving average
+OUTLIER = 3.0  # a run counts as at most this many times the average of its size
+PEAK_EPOCHS = 4  # batches over which the peak number of requests in the system is kept
+RECORDS = 256  # decisions kept per kind of request
+DELAYS = 1024  # request queue delays kept per kind, for the status page's percentiles
+EXPLORE_EVERY = 128  # batches between two re-measurements of the plan not in use
+EXPLORE_BATCHES = 4  # batches each re-measurement runs
+SWITCH_MARGIN = 1.05  # a plan must look this much faster to replace the one in use
+MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
+RATE_WINDOW = 1.0  # seconds over which arrivals are counted for the arrival rate
+HOLD_FLOOR = 0.05  # a hold for missing rows may last this share of the target's run
+UNKNOWN_HOLD = 0.01  # seconds a hold may last while the cost model knows nothing
+
+
+class CostModel:
+    """T(b) in seconds: a moving average per size (exact up to EXACT_SIZES, then per power
+    of two), for runs alone and runs overlapped by another; a line a + s*b per class for
+    sizes not measured yet. The first run of a size pays one-off costs (kernels picked,
+    memory first touched, XLA compiling the shape), so a size counts from its second."""
+
+    def __init__(self):
+        self._points = ({}, {})  # [overlapped] {size key: [runs, seconds, rows]}
+        self._lines = [None, None]
+
+    @staticmethod
+    def _key(rows):
+        return rows if rows <= EXACT_SIZES else 1 << (rows.bit_length() - 1)
+
+    def observe(self, rows, seconds, overlapped):
+        """One run of `rows` rows took `seconds`."""
+        if rows < 1 or not seconds >= 0:
+            return
+        points = self._points[bool(overlapped)]
+        point = points.get(self._key(rows))
+        if point is None:
+            points[self._key(rows)] = [1, seconds, float(rows)]
+        elif point[0] == 1:  # the first run is replaced by the second, unless faster
+            point[:] = [2, min(seconds, point[1]), float(rows)]
+        else:  # a run slowed by something else (a burst of other work) moves it less
+            point[0] += 1
+            point[1] += ALPHA * (min(seconds, OUTLIER * point[1]) - point[1])
+            point[2] += ALPHA * (rows - point[2])
+        self._lines[bool(overlapped)] = None
+
+    def measured(self, rows, overlapped=False):
+        """The moving average at exactly `rows` (None: not run twice at that size)."""
+        point = self._points[bool(overlapped)].get(rows) if rows <= EXACT_SIZES else None
+        return point[1] if point is not None and point[0] >= 2 else None
+
+    def known(self, rows, overlapped=False):
+        """Whether estimate(rows) stands on more than one point: measured at `rows`, or
+        a line through two sizes or more."""
+        if self.measured(rows, overlapped) is not None:
+            return True
+        return sum(p[0] >= 2 for p in self._points[bool(overlapped)].values()) >= 2
+
+    def estimate(self, rows, overlapped=False):
+        """T(rows): the measured point, else the line; None while no size of that class
+        has run twice."""
+        seconds = self.measured(rows, overlapped)
+        if seconds is not None:
+            return seconds
+        line = self.line(overlapped)
+        if line is None:
+            return None
+        return line[0] + line[1] * rows
+
+    def line(self, overlapped=False):
+        """(a, s) of the least-squares line through the measured points (weighted by how
+        often each size ran, up to 8), a and s >= 0; through the origin when one size has
+        run or the fit says a or s < 0; None while nothing has run twice."""
+        cached = self._lines[bool(overlapped)]
+        if cached is not None:
+            return cached
+        points = [p for p in self._points[bool(overlapped)].values() if p[0] >= 2]
+        if not points:
+            return None
+        weight = [min(p[0], 8) for p in points]
+        total = float(sum(weight))
+        mean_b = sum(w * p[2] for w, p in zip(weight, points)) / total
+        mean_t = sum(w * p[1] for w, p in zip(weight, points)) / total
+        spread = sum(w * (p[2] - mean_b) ** 2 for w, p in zip(weight, points))
+        slope = intercept = -1.0
+        if spread > 0:
+            slope = sum(w * (p[2] - mean_b) * (p[1] - mean_t)
+                        for w, p in zip(weight, points)) / spread
+            intercept = mean_t - slope * mean_b
+        if slope < 0 or intercept < 0:  # refit through the origin
+            intercept = 0.0
+            slope = sum(w * p[1] * p[2] for w, p in zip(weight, points)) / max(
+                1e-12, sum(w * p[2] ** 2 for w, p in zip(weight, points)))
+        self._lines[bool(overlapped)] = (intercept, slope)
+        return self._lines[bool(overlapped)]
+
+    def points(self):
+        """[(size, seconds alone or None, seconds overlapped or None, runs)] by size (the
+        sizes run twice or more)."""
+        alone = {k: p for k, p in self._points[0].items() if p[0] >= 2}
+        shared = {k: p for k, p in self._points[1].items() if p[0] >= 2}
+        return [(size, alone[size][1] if size in alone else None,
+                 shared[size][1] if size in shared else None,
+                 (alone[size][0] if size in alone else 0) +
+                 (shared[size][0] if size in shared else 0))
+                for size in sorted(set(alone) | set(shared))]
+
+
+class LoadEstimate:
+    """How many requests are in the system (the peak over the last PEAK_EPOCHS batches)
+    and how fast they arrive."""
+
+    def __init__(self):
+        self._peaks = collections.deque(maxlen=PEAK_EPOCHS)
+        self._peak = 0  # this epoch's (since the last batch started)
+        self._window = None  # start of the current rate window
+        self._count = 0  # arrivals in it
+        self._rate = 0.0
+
+    def arrival(self, now, in_system):
+        self._peak = max(self._peak, in_system)
+        if self._window is None:
+            self._window = now
+        self._count += 1
+        elapsed = now - self._window
+        if elapsed >= RATE_WINDOW:
+            rate = self._count / elapsed
+            self._rate = rate if not self._rate else self._rate + 0.5 * (rate - self._rate)
+            self._window, self._count = now, 0
+
+    def batch_started(self, in_system):
+        self._peaks.append(self._peak)
+        self._peak = in_system
+
+    def shrink(self, in_system):
+        """A hold ran out: fewer requests are in the system than the peaks said."""
+        self._peaks.clear()
+        self._peak = in_system
+
+    @property
+    def concurrency(self):
+        return max(max(self._peaks, default=0), self._peak)
+
+    @property
+    def arrival_rate(self):
+        """Requests per second over the last RATE_WINDOW-second windows (0 before one
+        has passed)."""
+        return self._rate
+
+
+class Decision:
+    """What a free batch thread decided for one queue: hold the rows (`reason` "hold",
+    for `wait` seconds at most), or run `rows` of them now and why. Once the batch starts
+    it is the batch's record (times in seconds): `held` is how long its oldest row waited
+    in the queue, `planned` the latest start any decision allowed it, counted from that
+    row's arrival: never above `bound` (the configured one), whatever the cost model
+    says. (A row can wait longer only while every batch thread is busy.)"""
+    __slots__ = ("reason", "rows", "wait", "planned", "for_rows", "time", "padded", "held",
+                 "bound", "concurrency", "target", "parallel", "queued", "running")
+
+    def __init__(self, reason, rows=None, wait=None, planned=0.0, for_rows=False):
+        self.reason, self.rows, self.wait, self.planned = reason, rows, wait, planned
+        self.for_rows = for_rows  # a hold for missing rows (not for a run to end)
+        self.time = self.padded = self.held = self.bound = None
+        self.concurrency = self.target = self.parallel = self.queued = self.running = None
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Learner:
+    """What one kind of request (model, version, signature, outputs, input shapes) has
+    taught the scheduler: its cost model, its load, the plan in use, and the records and
+    counts the status page and the metrics show. Used under the Batcher's lock."""
+
+    def __init__(self, label=None):
+        self.label = label  # (model name, version, signature name), or None
+        self.cost = CostModel()
+        self.load = LoadEstimate()
+        self.records = collections.deque(maxlen=RECORDS)
+        self.delays = collections.deque(maxlen=DELAYS)  # seconds, per request
+        self.batch_sizes = collections.Counter()  # padded rows -> batches run
+        self.delay_counts = None  # the metrics' histogram of queue delays (Batcher's)
+        self.batches = 0
+        self.rows = 0
+        self.adaptive = False
+        self.bound = 0.0  # the configured bound (seconds) of the latest decision
+        self.parallel = 1  # the plan of the latest decision
+        self.target = 1
+        self._plans = {}  # concurrency -> parallel runs in use
+        self._explore = 0  # batches left to run with the plan not in use
+        self._explored = {}  # concurrency -> batches run at its last re-measurement
+        self.gap = None  # moving average of the idle time between runs, one at a time
+        self.last_end = None
+
+    # --- the plan ------------------------------------------------------------------
+
+    def plan(self, concurrency, limit, threads, cap):
+        """(parallel runs, target rows per run) for `concurrency` requests in the system:
+        one run of c rows, or two of c/2 taking turns, whichever the cost model says
+        serves more rows per second (measured points, else its lines once they stand on
+        two sizes; until then the plan is tried), keeping the plan in use unless the other looks
+        SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches every
+        EXPLORE_EVERY to measure it again. One run at a time only while it lasts less
+        than `cap` (the bound): rows that arrive during it wait for it to end."""
+        c = max(1, concurrency)
+        one, two = min(c, limit), min(-(-c // 2), limit)
+        if min(MAX_PARALLEL, threads) < 2 or c < 2:
+            return 1, one
+        alone = self.cost.estimate(one, False)
+        if alone is not None and alone > cap:
+            return 2, two
+        if not self.cost.known(two, True):  # try two runs (again) to know their cost
+            return 2, two
+        if not self.cost.known(one, False):
+            return 1, one
+        shared = self.cost.estimate(two, True)
+        gap = (self.gap or 0.0) if one >= c else 0.0  # all c at once: clients turn around
+        rate = {1: one / max(1e-9, alone + gap), 2: 2 * two / max(1e-9, shared)}
+        best = max(rate, key=rate.get)
+        current = self._plans.get(c)
+        if current is None or (best != current and rate[best] > SWITCH_MARGIN * rate[current]):
+            current = best
+        if len(self._plans) >= 4 * EXACT_SIZES:
+            self._plans.clear()
+        self._plans[c] = current
+        choice = current
+        if self._explore > 0:
+            choice = 3 - current
+        elif self.batches - self._explored.setdefault(c, self.batches) >= EXPLORE_EVERY:
+            self._explored[c] = self.batches
+            self._explore = EXPLORE_BATCHES
+            choice = 3 - current
+        return choice, (one if choice == 1 else two)
+
+    def hold_bound(self, queued, target, parallel, cap):
+        """How long holding `queued` rows for the target's missing rows is worth: what one
+        run of `target` rows saves over two runs (n, target - n), from measured points
+        or the line; at least HOLD_FLOOR of a run of `target` (rows in flight usually
+        arrive sooner, and a run's noise must not break batches apart); UNKNOWN_HOLD while
+        nothing of that class has run twice; never above `cap`."""
+        overlapped = parallel > 1
+        whole = self.cost.estimate(target, overlapped)
+        now = self.cost.estimate(queued, overlapped)
+        rest = self.cost.estimate(max(1, target - queued), overlapped)
+        if whole is None or now is None or rest is None:
+            return min(cap, UNKNOWN_HOLD)
+        return max(0.0, min(cap, max(now + rest - whole, HOLD_FLOOR * whole)))
+
+    # --- what happened -------------------------------------------------------------
+
+    def started(self, decision, now, alone):
+        """A batch starts: `decision` is its record; alone: no run of this kind is in
+        progress (the gap since the last one ended is the clients' turnaround)."""
+        if alone and self.last_end is not None and now - self.last_end < 1.0:
+            gap = max(0.0, now - self.last_end)
+            self.gap = gap if self.gap is None else self.gap + ALPHA * (gap - self.gap)
+        if self._explore > 0:
+            self._explore -= 1
+        decision.time = now
+        self.records.append(decision)
+        self.batches += 1
+        self.rows += decision.rows
+        self.batch_sizes[decision.padded] += 1
+
+    def finished(self, rows, seconds, overlapped, now):
+        self.cost.observe(rows, seconds, overlapped)
+        self.last_end = now
+
+    def state(self):
+        """A snapshot (plain values) for the status page and the metrics."""
+        recent = list(self.records)[-32:]
+        delays = sorted(self.delays)
+        return {
+            "label": self.label, "adaptive": self.adaptive, "batches": self.batches,
+            "rows": self.rows, "concurrency": self.load.concurrency,
+            "arrival_rate": self.load.arrival_rate, "parallel": self.parallel,
+            "target": self.target, "bound": self.bound,
+            "recent_sizes": [d.padded for d in recent],
+            "recent_reasons": dict(collections.Counter(d.reason for d in recent)),
+            "held_max": max((d.held for d in recent), default=0.0),
+            "delay_p50": _percentile(delays, 50), "delay_p99": _percentile(delays, 99),
+            "delay_max": delays[-1] if delays else None,
+            "batch_sizes": dict(self.batch_sizes), "cost": self.cost.points(),
+            "line": self.cost.line(False), "line_overlapped": self.cost.line(True),
+        }
+
+
+def _percentile(ordered, q):
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, int(math.ceil(q / 100.0 * len(ordered))) - 1))]
+
+
+def decide(learner, queued, running_rows, running, limit, threads, cap, oldest, hold_start,
+           now):
+    """The adaptive policy (see the module docstring): what a free batch thread does with
+    the `queued` rows of one queue while `running` runs of it hold `running_rows` rows.
+    cap: the configured bound (seconds): no row is held past `oldest` (the enqueue time of
+    the oldest queued row) + cap; hold_start: when a free run of the plan first held these
+    rows for missing ones (None: not yet). -> Decision; its `planned` is the deadline
+    it set, as seconds after `oldest`."""
+    in_system = queued + running_rows
+    concurrency = max(learner.load.concurrency, in_system)
+    parallel, target = learner.plan(concurrency, limit, threads, cap)
+    learner.parallel, learner.target, learner.bound = parallel, target, cap
+    until = oldest + cap
+    reason = "bound (runs busy)"  # the plan's runs are all busy: wait for one to end
+    if running < parallel:
+        if queued >= target or not queued:  # (no rows: requests with empty inputs)
+            free = parallel - running
+            rows = min(queued, limit) if parallel == 1 else \
+                min(queued, limit, max(target, -(-queued // free)))
+            return _run("target", rows, parallel, target, concurrency)
+        if concurrency <= in_system:
+            return _run("all in system", min(queued, limit), parallel, target,
+                        concurrency)
+        started = hold_start if hold_start is not None else now
+        worth = started + learner.hold_bound(queued, target, parallel, cap)
+        reason = "bound"
+        if worth < until:
+            until, reason = worth, "held long enough"
+    if now < until:
+        return Decision("hold", wait=until - now, planned=until - oldest,
+                        for_rows=running < parallel)
+    if running < parallel and hold_start is not None:
+        learner.load.shrink(in_system)  # held for missing requests that did not come
+    decision = _run(reason, min(queued, limit), parallel, target, concurrency)
+    decision.planned = until - oldest
+    return decision
+
+
+def _run(reason, rows, parallel, target, concurrency):
+    decision = Decision(reason, rows)
+    decision.parallel, decision.target, decision.concurrency = parallel, target, concurrency
+    return decision

@@ -1,0 +1,413 @@
+"""The adaptive batch scheduler (core/adaptive.py through core/batching.py): what
+--enable_batching does without a parameters file. Every assertion about waiting reads the
+scheduler's own records (adaptive.Decision: why each batch ran, the latest start any
+decision allowed it), never a wall clock: a lone request runs without a hold, a burst
+after idle, a slow model and a model whose cost is not monotonic in the batch size never
+get a hold past the configured bound, answers are those of unbatched runs, a full queue
+is UNAVAILABLE, and a batch thread that fails answers INTERNAL and carries on (or, when it
+cannot, the health service, GetModelStatus and the status page say so)."""
+import concurrent.futures
+import logging
+import threading
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2
+
+from slimserve.serving.config import model_config
+from slimserve.serving.core import adaptive
+from slimserve.serving.core import batching
+from slimserve.serving.core import deadlines
+from slimserve.serving.core import errors
+from slimserve.serving.core import servable as servable_lib
+from slimserve.serving.tools import client as client_lib
+from slimserve.testing import inprocess
+from slimserve.testing import tiny_models
+from slimserve.testing.servers import serve_in_process, wait_until
+
+LABEL_SIG = "serving_default"
+
+
+def _adaptive(bound_seconds=0.1, **changes):
+    return batching.BatchingParameters.adaptive_defaults(
+        batch_timeout_micros=int(bound_seconds * 1e6), **changes)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    servable = servable_lib.Servable("tiny", 1, tiny_models.write_tiny_model(
+        str(tmp_path_factory.mktemp("tiny") / "tiny")))
+    yield servable
+    servable.retire()
+
+
+def _costly(tmp_path_factory, name, iterations, odd_iterations=0):
+    base = str(tmp_path_factory.mktemp(name) / name)
+    return servable_lib.Servable(name, 1, tiny_models.write_costly_model(
+        base, iterations, odd_iterations))
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):  # a few milliseconds a run
+    servable = _costly(tmp_path_factory, "quick", 300)
+    yield servable
+    servable.retire()
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):  # a run costs far more than the bound the tests set
+    servable = _costly(tmp_path_factory, "slow", 20000)
+    yield servable
+    servable.retire()
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):  # odd batches cost many times what even ones do
+    servable = _costly(tmp_path_factory, "uneven", 200, odd_iterations=20000)
+    yield servable
+    servable.retire()
+
+
+def _call(batcher, servable, x, outputs=("doubled", "rows"), deadline=None):
+    _, sig = servable.signature(LABEL_SIG)
+    return batcher.run(servable, LABEL_SIG, sig, {"x": x}, list(outputs), deadline)
+
+
+def _closed_loop(batcher, servable, clients, each, outputs=("doubled", "rows")):
+    """`clients` threads, each sending `each` one-row requests one after the other (its
+    next as soon as the last is answered) -> [(input, outputs)]."""
+    results, lock = [], threading.Lock()
+
+    def client(index):
+        for step in range(each):
+            x = np.array([[index, step + 0.5]], np.float32)
+            out = _call(batcher, servable, x, outputs)
+            with lock:
+                results.append((x, out))
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    return results
+
+
+def _records(batcher, servable):
+    return batcher.decisions((servable.name, servable.version, LABEL_SIG))
+
+
+def _assert_within_bound(records, bound):
+    assert records
+    for record in records:
+        assert record.bound == pytest.approx(bound)
+        assert 0 <= record.planned <= bound + 1e-9, record.as_dict()
+        assert record.reason in ("target", "all in system", "held long enough", "bound",
+                                 "bound (runs busy)", "closing"), record.as_dict()
+
+
+def test_answers_are_those_of_unbatched_runs(tiny):
+    batcher = batching.Batcher(_adaptive())
+    try:
+        results = _closed_loop(batcher, tiny, clients=8, each=12, outputs=("y", "doubled"))
+    finally:
+        batcher.stop()
+    _, sig = tiny.signature(LABEL_SIG)
+    assert len(results) == 96
+    for x, out in results:
+        alone = tiny.run(sig, {"x": x}, ["y", "doubled"])
+        for key in ("y", "doubled"):
+            np.testing.assert_array_equal(out[key], alone[key])
+    records = _records(batcher, tiny)
+    assert sum(r.rows for r in records) == 96
+    assert max(r.rows for r in records) > 1  # requests really were merged
+
+
+def test_a_lone_request_runs_at_once(quick):
+    """One request in the system: never held (its record shows no hold was even planned),
+    and after a busy spell at most the first lone request is held, once (the clients
+    it was still counting did not come, so it counts again)."""
+    batcher = batching.Batcher(_adaptive())
+    x = np.ones([1, 2], np.float32)
+    try:
+        for _ in range(12):
+            np.testing.assert_array_equal(_call(batcher, quick, x)["doubled"], 2 * x)
+        lone = _records(batcher, quick)
+        assert len(lone) == 12
+        for record in lone:
+            assert record.planned == 0.0 and record.rows == 1, record.as_dict()
+            assert record.reason in ("target", "all in system") and record.concurrency == 1
+        _closed_loop(batcher, quick, clients=6, each=8)
+        busy = len(_records(batcher, quick))
+        for _ in range(12):
+            _call(batcher, quick, x)
+        after = _records(batcher, quick)[busy:]
+    finally:
+        batcher.stop()
+    assert len(after) == 12
+    held = [r for r in after if r.planned > 0]
+    assert len(held) <= 1 and held == after[:len(held)], [r.as_dict() for r in after]
+
+
+def test_a_burst_after_idle_waits_at_most_the_bound(quick):
+    bound = 0.08
+    batcher = batching.Batcher(_adaptive(bound))
+    x = np.ones([1, 2], np.float32)
+    try:
+        for _ in range(6):  # idle but for one client: it learns one request at a time
+            _call(batcher, quick, x)
+        start = threading.Barrier(24)
+
+        def burst(index):
+            start.wait()
+            row = np.array([[index, -index]], np.float32)
+            return row, _call(batcher, quick, row)
+
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(burst, range(24)))
+    finally:
+        batcher.stop()
+    for row, out in answers:
+        np.testing.assert_array_equal(out["doubled"], 2 * row)
+    records = _records(batcher, quick)[6:]
+    assert sum(r.rows for r in records) == 24
+    assert len(records) < 24  # the burst was batched
+    _assert_within_bound(records, bound)
+
+
+def test_a_slow_model_is_held_at_most_the_bound(slow):
+    """A run costs far more than the bound, so what merging would save (and so the hold
+    the cost model alone would allow) is far above it: every hold stops at the bound."""
+    bound = 0.03
+    batcher = batching.Batcher(_adaptive(bound))
+    try:
+        results = _closed_loop(batcher, slow, clients=3, each=5)
+    finally:
+        batcher.stop()
+    for x, out in results:
+        np.testing.assert_array_equal(out["doubled"], 2 * x)
+    records = _records(batcher, slow)
+    _assert_within_bound(records, bound)
+    (state,) = batcher.learners()
+    assert state["line"] or state["line_overlapped"]  # it learned the model's cost
+
+
+def test_a_cost_not_monotonic_in_the_batch_size_is_held_at_most_the_bound(uneven):
+    bound = 0.03
+    batcher = batching.Batcher(_adaptive(bound))
+    try:
+        results = _closed_loop(batcher, uneven, clients=3, each=6)
+    finally:
+        batcher.stop()
+    for x, out in results:
+        np.testing.assert_array_equal(out["doubled"], 2 * x)
+        assert out["rows"][0] >= 1
+    records = _records(batcher, uneven)
+    _assert_within_bound(records, bound)
+    sizes = {size for size, _, _, _ in batcher.learners()[0]["cost"]}
+    assert sizes  # measured sizes, odd and even alike, are what it decides by
+
+
+def test_cost_model_keeps_measured_points_and_fits_a_line():
+    cost = adaptive.CostModel()
+    assert cost.estimate(4) is None and cost.line() is None
+    for rows, seconds in ((1, 9.0), (1, 0.012), (4, 0.02), (4, 0.02), (3, 0.05),
+                          (3, 0.05)):
+        cost.observe(rows, seconds, overlapped=False)
+    assert cost.measured(1) == pytest.approx(0.012)  # the first run of a size: replaced
+    assert cost.measured(3) == pytest.approx(0.05)  # not monotonic: taken as measured
+    assert cost.measured(2) is None
+    a, s = cost.line()
+    assert a >= 0 and s >= 0 and cost.estimate(2) == pytest.approx(a + 2 * s)
+    assert cost.estimate(2, overlapped=True) is None  # runs overlapped are apart
+    learner = adaptive.Learner()
+    learner.cost = cost
+    # merging 1 + 3 rows into a run of 4 saves T(1) + T(3) - T(4); never above the cap
+    assert learner.hold_bound(1, 4, 1, cap=1.0) == pytest.approx(0.012 + 0.05 - 0.02)
+    assert learner.hold_bound(1, 4, 1, cap=0.01) == pytest.approx(0.01)
+    # 8 and 7 never ran: the line stands in for them (T(1) is measured); at least the floor
+    assert learner.hold_bound(1, 8, 1, cap=0.5) == pytest.approx(
+        max(0.012 + (a + 7 * s) - (a + 8 * s), adaptive.HOLD_FLOOR * (a + 8 * s)))
+    # nothing overlapped has run: a short hold, within the cap
+    assert learner.hold_bound(1, 4, 2, cap=0.5) == adaptive.UNKNOWN_HOLD
+    assert learner.hold_bound(1, 4, 2, cap=0.001) == 0.001
+
+
+def test_a_full_queue_is_unavailable(tmp_path):
+    base = str(tmp_path / "spin")
+    tiny_models.write_spin_model(base)
+    spin = servable_lib.Servable("spin", 1, base + "/1")
+    _, sig = spin.signature("spin")
+    one = np.ones([1, 1], np.float32)
+    batcher = batching.Batcher(_adaptive(0.05, max_batch_size=2, max_enqueued_batches=1,
+                                         num_batch_threads=1))
+    pool = concurrent.futures.ThreadPoolExecutor(3)
+
+    def call():
+        try:
+            return batcher.run(spin, "spin", sig, {"x": one}, ["y"],
+                               deadlines.Deadline(2.0, "the test"))
+        except errors.ServingError as error:
+            return error
+
+    try:
+        running = pool.submit(call)  # the one batch thread spins until this deadline
+        wait_until(lambda: batcher.batches_run == 1, message="the first batch to run")
+        queued = [pool.submit(call), pool.submit(call)]  # one batch of two rows, queued
+        wait_until(lambda: batcher.queued_rows() == 2, message="two rows queued")
+        with pytest.raises(errors.ServingError) as raised:
+            batcher.run(spin, "spin", sig, {"x": one}, ["y"])
+        assert raised.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "max_enqueued_batches is 1" in raised.value.message
+        for future in [running] + queued:
+            assert future.result().code == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        pool.shutdown()
+        batcher.stop()
+        spin.retire()
+
+
+def test_a_batch_thread_exception_answers_internal_and_the_thread_carries_on(
+        quick, monkeypatch, caplog):
+    batcher = batching.Batcher(_adaptive(), name="adaptive-test")
+    x = np.ones([1, 2], np.float32)
+    calls = []
+    original = adaptive.Learner.started
+
+    def fails_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected in the batch thread")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(adaptive.Learner, "started", fails_once)
+    try:
+        with caplog.at_level(logging.ERROR):
+            with pytest.raises(errors.ServingError) as raised:
+                _call(batcher, quick, x)
+        assert raised.value.code == grpc.StatusCode.INTERNAL
+        assert "injected in the batch thread" in raised.value.message
+        assert "batch thread adaptive-test-" in caplog.text
+        assert "model quick version 1 signature serving_default" in caplog.text
+        for _ in range(3):  # the same threads serve on
+            np.testing.assert_array_equal(_call(batcher, quick, x)["doubled"], 2 * x)
+        assert batcher.problem() is None
+    finally:
+        batcher.stop()
+
+
+def test_batch_threads_that_cannot_recover_are_reported(tmp_path, monkeypatch, caplog):
+    base = str(tmp_path / "tiny")
+    tiny_models.write_tiny_model(base)
+
+    def broken(*_):
+        raise RuntimeError("scheduler state corrupted (injected)")
+
+    server = serve_in_process([model_config.ServedModel("tiny", base)], rest_api_port=0,
+                              enable_batching=True, enable_model_warmup=False,
+                              enable_grpc_healthcheck_service=True)
+    monkeypatch.setattr(batching._Queue, "decide", broken)  # pylint: disable=protected-access
+    client = client_lib.Client("127.0.0.1:%d" % server.port, model_name="tiny", retries=0)
+    try:
+        with caplog.at_level(logging.ERROR):
+            with pytest.raises(grpc.RpcError) as raised:
+                client.predict({"x": np.ones([1, 2], np.float32)})
+        assert raised.value.code() == grpc.StatusCode.INTERNAL
+        assert "every batch thread stopped" in raised.value.details()
+        problem = server.batcher.problem()
+        assert "scheduler state corrupted (injected)" in problem
+        assert "stopped after %d failures" % batching.MAX_THREAD_FAILURES in caplog.text
+        check = server.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                    inprocess.Context())
+        assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        ((version, state, message, code),) = server.service.status("tiny")
+        assert (version, state) == (1, "AVAILABLE")
+        assert code == grpc.StatusCode.INTERNAL.value[0] and message == problem
+        with pytest.raises(grpc.RpcError) as again:  # refused at once, not left waiting
+            client.predict({"x": np.ones([1, 2], np.float32)})
+        assert again.value.code() == grpc.StatusCode.INTERNAL
+    finally:
+        client.close()
+        monkeypatch.undo()
+        server.stop()
+
+
+def test_enable_batching_without_a_file_is_adaptive_and_answers_the_same(tmp_path):
+    """--enable_batching alone batches adaptively; a parameters file keeps TF Serving's
+    rule unless it names the adaptive pool; the answers are the same either way."""
+    base = str(tmp_path / "tiny")
+    tiny_models.write_tiny_model(base)
+    from slimserve.serving import options as options_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.config import platform  # pylint: disable=import-outside-toplevel
+    settings = platform.bundle_settings(options_lib.ServerOptions(
+        model_base_path=base, enable_batching=True))
+    assert settings.batching.adaptive and settings.batching == \
+        batching.BatchingParameters.adaptive_defaults()
+    assert settings.batching.batch_timeout_micros == batching.ADAPTIVE_BOUND_MICROS
+    path = tmp_path / "batching.config"
+    path.write_text("max_batch_size { value: 8 }")
+    assert not batching.BatchingParameters.from_file(str(path)).adaptive
+    path.write_text('thread_pool_name { value: "slimserve_adaptive" } '
+                    "max_batch_size { value: 8 }")
+    asked = batching.BatchingParameters.from_file(str(path))
+    assert asked.adaptive and asked.max_batch_size == 8
+    assert asked.batch_timeout_micros == batching.ADAPTIVE_BOUND_MICROS  # its default bound
+    rows = np.arange(16, dtype=np.float32).reshape(8, 2)
+    answers = {}
+    for name, flags in (("unbatched", {}), ("adaptive", {"enable_batching": True})):
+        server = serve_in_process([model_config.ServedModel("tiny", base)], rest_api_port=0,
+                                  enable_model_warmup=False, **flags)
+        client = client_lib.Client("127.0.0.1:%d" % server.port, model_name="tiny",
+                                   retries=0)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                answers[name] = list(pool.map(lambda r: client.predict({"x": r[None]}),
+                                              rows))
+            if server.batcher is not None:
+                assert server.batcher.params.adaptive and server.batcher.batches_run >= 1
+        finally:
+            client.close()
+            server.stop()
+    for plain, batched in zip(answers["unbatched"], answers["adaptive"]):
+        for key in plain:
+            np.testing.assert_array_equal(plain[key], batched[key])
+
+
+def test_status_page_and_metrics_show_what_it_chose_and_learned(tmp_path):
+    base = str(tmp_path / "tiny")
+    tiny_models.write_tiny_model(base, 2)
+    stack = inprocess.InProcess([model_config.ServedModel("tiny<b>", base)],
+                                batching_parameters=_adaptive(0.05))
+    try:
+        rows = [[float(i), 1.0] for i in range(6)]
+        for _ in range(3):
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                statuses = list(pool.map(lambda r: stack.rest_json(
+                    "POST", "/v1/models/tiny%3Cb%3E:predict", {"instances": [r]})[0], rows))
+            assert statuses == [200] * 6
+        _, _, page = stack.rest("GET", "/status")
+        text = stack.metrics.render()
+    finally:
+        stack.close()
+    page = page.decode()
+    assert "<h2>Batching</h2>" in page and "batch threads running" in page
+    assert "tiny&lt;b&gt;" in page and "<b>" not in page.split("<h2>Batching</h2>")[1]
+    assert "adaptive" in page and " x " in page and "batches, mean" in page
+    from slimserve.serving.observability import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+    families = metrics_lib.families_from_text(text)
+    labels = {"model_name": "tiny<b>", "version": "2", "signature_name": "serving_default"}
+    sizes = families[metrics_lib.BATCHING_BATCH_SIZE]
+    count = next(s.value for s in sizes.samples
+                 if s.name.endswith("_count") and s.labels == labels)
+    total = next(s.value for s in sizes.samples
+                 if s.name.endswith("_sum") and s.labels == labels)
+    assert total == 18 and 1 <= count <= 18
+    delays = families[metrics_lib.BATCHING_QUEUE_DELAY]
+    assert next(s.value for s in delays.samples
+                if s.name.endswith("_count") and s.labels == labels) == 18
+    gauges = {name: next(s.value for s in families[name].samples if s.labels == labels)
+              for name in metrics_lib.BATCHING_GAUGES}
+    assert gauges[metrics_lib.BATCHING + "adaptive"] == 1
+    assert gauges[metrics_lib.BATCHING + "max_queue_delay"] == pytest.approx(50000)
+    assert gauges[metrics_lib.BATCHING + "parallel_runs"] in (1, 2)
+    assert gauges[metrics_lib.BATCHING + "target_batch_size"] >= 1
+    assert any(s.labels["runs"] in ("alone", "overlapped") and s.value > 0
+               for s in families[metrics_lib.BATCHING_COST].samples)
