@@ -8,7 +8,8 @@ the tables this prints.
         --data mnist=MNIST_DATA --data elpv=ELPV_DATA --data lfw=LFW_DATA
     python benchmarks/bench_recipe.py --report bench_out/recipe/results.jsonl
 
-Each run is `slimserve-train` in its own process (niced) with the flags the table prints,
+Each run is `slimserve-train` in its own process (niced) with the flags the table prints
+(its checkpoints and exports removed afterwards unless --keep_runs),
 so any row can be re-run alone; results are appended to results.jsonl under --work_dir
 and a finished run is not trained again (re-running resumes the grid). Accuracy is the
 last evaluation (the final checkpoint) on the validation split: on a set converted with
@@ -30,22 +31,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = ["--image_size=32"]
 _QUIET = ["--noexport"]  # grid rows: the evaluations are the measurement
 
-# (name, uses the checkpoint, flags). The first row is README's own-images command.
+# (name, uses the checkpoint, flags). The first row is README's own-images command; the
+# scratch rows are the grid around it (learning rate x run length), the checkpoint rows
+# the routes with a source checkpoint (its recipe, frozen or not, and run length).
 RUNS = [
     ("readme command", False, ["--recipe=auto"]),
     ("auto with a checkpoint", True, ["--recipe=auto"]),
-    ("checkpoint nothing frozen", True, ["--recipe=finetune", "--freeze_scopes="] + _QUIET),
-    ("checkpoint nothing frozen lr 3e-3", True,
-     ["--recipe=finetune", "--freeze_scopes=", "--learning_rate=3e-3"] + _QUIET),
-    ("checkpoint frozen 1000 steps", True,
-     ["--recipe=finetune", "--max_steps=1000"] + _QUIET),
-    ("scratch lr 1e-3", False, ["--recipe=scratch", "--learning_rate=1e-3"] + _QUIET),
-    ("scratch lr 1e-2", False, ["--recipe=scratch", "--learning_rate=1e-2"] + _QUIET),
-    ("scratch 1000 steps", False, ["--recipe=scratch", "--max_steps=1000"] + _QUIET),
+    ("scratch 300 steps", False, ["--recipe=scratch", "--max_steps=300"]),
+    ("scratch lr 1e-3", False, ["--recipe=scratch", "--max_steps=300",
+                                "--learning_rate=1e-3"] + _QUIET),
+    ("scratch lr 1e-2", False, ["--recipe=scratch", "--max_steps=300",
+                                "--learning_rate=1e-2"] + _QUIET),
     ("scratch 1000 steps lr 1e-3", False,
      ["--recipe=scratch", "--max_steps=1000", "--learning_rate=1e-3"] + _QUIET),
     ("scratch 1000 steps lr 1e-2", False,
      ["--recipe=scratch", "--max_steps=1000", "--learning_rate=1e-2"] + _QUIET),
+    ("checkpoint frozen 300 steps", True,
+     ["--recipe=finetune", "--max_steps=300",
+      "--freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1"]),
+    ("checkpoint nothing frozen 300 steps", True,
+     ["--recipe=finetune", "--max_steps=300", "--freeze_scopes="] + _QUIET),
+    ("checkpoint frozen 1000 steps", True,
+     ["--recipe=finetune", "--max_steps=1000",
+      "--freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1"] + _QUIET),
 ]
 _LOCK = threading.Lock()
 
@@ -69,7 +77,8 @@ def final_accuracy(output):
 
 
 def _settings(flags, uses_checkpoint):
-    """(steps, learning rate) a row trained with: its flags, else its recipe's."""
+    """(steps, learning rate, what the checkpoint column says) a row trained with: its
+    flags, else its recipe's."""
     from slimserve.estimator import recipes  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import train_config  # pylint: disable=import-outside-toplevel
     given = dict(f[2:].split("=", 1) for f in flags if "=" in f)
@@ -77,7 +86,11 @@ def _settings(flags, uses_checkpoint):
     recipe = recipes.settings(train_config.TrainConfig, route)
     steps = given.get("max_steps", recipe.get(("run", "max_steps")))
     rate = given.get("learning_rate", "%g" % recipe.get(("model", "learning_rate")))
-    return steps, rate
+    frozen = given.get("freeze_scopes", ",".join(recipe.get(("model", "freeze_scopes"), ())))
+    source = "none" if not uses_checkpoint else (
+        "source, frozen %s" % frozen.replace("resnet_v1_50/", "") if frozen else
+        "source, nothing frozen")
+    return steps, rate, source
 
 
 def report(paths):
@@ -94,14 +107,11 @@ def report(paths):
     lines = ["| data set | run | checkpoint | steps | learning rate | validation accuracy "
              "| CPU minutes | wall minutes (load) |", "|---|---|---|---|---|---|---|---|"]
     for r in records:
-        steps, rate = _settings(runs.get(r["name"], []), uses.get(r["name"]))
-        frozen = "" if not uses.get(r["name"]) else (
-            "source, frozen" if "--freeze_scopes=" not in runs[r["name"]] else
-            "source, nothing frozen")
+        steps, rate, source = _settings(runs.get(r["name"], []), uses.get(r["name"]))
         accuracy = "%.1f%%" % (100 * r["accuracy"]) if r["accuracy"] is not None else (
             "failed (exit %d)" % r["exit"])
         lines.append("| %s | %s | %s | %s | %s | %s | %.1f | %.1f (%.1f-%.1f) |" % (
-            r["data"], r["name"], frozen or "none", steps, rate, accuracy,
+            r["data"], r["name"], source, steps, rate, accuracy,
             r["cpu_seconds"] / 60.0, r["seconds"] / 60.0, r["load"][0], r["load"][1]))
     lines.append("")
     for data in sorted({r["data"] for r in records}):
@@ -119,7 +129,7 @@ def report(paths):
     return "\n".join(lines + ["```"])
 
 
-def run_one(job, work_dir, checkpoint, results_path):
+def run_one(job, work_dir, checkpoint, results_path, keep=False):
     data_name, data_dir, (name, uses_checkpoint, flags), seed = job
     model_dir = os.path.join(work_dir, data_name, name.replace(" ", "_").replace(",", ""),
                              str(seed))
@@ -137,6 +147,10 @@ def run_one(job, work_dir, checkpoint, results_path):
     process.returncode = os.waitstatus_to_exitcode(status)
     with open(model_dir + ".log", "w") as handle:
         handle.write("".join(output))
+    if not keep:  # a resnet_v1_50 run leaves ~1.5 GB of checkpoints and exports
+        for name in os.listdir(model_dir) if os.path.isdir(model_dir) else []:
+            if name.startswith("model.ckpt-") or name == "export":
+                subprocess.run(["rm", "-rf", os.path.join(model_dir, name)], check=True)
     text = "".join(output)
     accuracy, per_class = final_accuracy(text)
     record = {"data": data_name, "name": name, "seed": seed, "accuracy": accuracy,
@@ -165,6 +179,9 @@ def main(argv=None):
     parser.add_argument("--only", default="",
                         help="Comma-separated run names to run, in this order (default: all).")
     parser.add_argument("--seeds", default="0", help="Comma-separated --seed values.")
+    parser.add_argument("--keep_runs", action="store_true",
+                        help="Keep each run's checkpoints and exports (by default only its "
+                             "log, flags.txt and evaluation events stay: ~1.5 GB a run).")
     parser.add_argument("--workers", type=int, default=1,
                         help="Runs at once (each is a niced slimserve-train process).")
     args = parser.parse_args(argv)
@@ -195,7 +212,8 @@ def main(argv=None):
                     jobs.append((data_name, os.path.abspath(data_dir), run, seed))
     checkpoint = os.path.abspath(args.checkpoint) if args.checkpoint else None
     with concurrent.futures.ThreadPoolExecutor(max(1, args.workers)) as pool:
-        list(pool.map(lambda job: run_one(job, args.work_dir, checkpoint, results_path), jobs))
+        list(pool.map(lambda job: run_one(job, args.work_dir, checkpoint, results_path,
+                                          args.keep_runs), jobs))
 
 
 if __name__ == "__main__":

@@ -81,14 +81,16 @@ def check_needs_checkpoint(config):
     if config.checkpoint_path:
         return
     found = settings_needing_checkpoint(config)
-    if found:
-        raise WarmStartError(
-            "%s %s a checkpoint to restore, but no --checkpoint_path is given: frozen "
-            "layers would keep their random initial values. Pass --checkpoint_path, or "
-            "train every layer from scratch without %s (--recipe=auto picks the route "
-            "with or without a checkpoint)" % (" and ".join(found),
-                                              "needs" if len(found) == 1 else "need",
-                                              "it" if len(found) == 1 else "them"))
+    if not found:
+        return
+    freezing = config.freeze_scopes or config.trainable_scopes
+    raise WarmStartError(
+        "%s %s a checkpoint to restore, but no --checkpoint_path is given%s. Pass "
+        "--checkpoint_path, or leave %s out to train every layer from scratch "
+        "(--recipe=auto picks the route with or without a checkpoint)" % (
+            " and ".join(found), "needs" if len(found) == 1 else "need",
+            ": frozen layers would keep their random initial values" if freezing else "",
+            "it" if len(found) == 1 else "them"))
 
 
 def check_checkpoint_net(checkpoint_path, model_name):

@@ -139,12 +139,12 @@ def test_installed_recipes_are_the_repository_flagfiles():
 
 def test_recipe_fills_only_what_the_command_line_did_not_give():
     scratch = _train_config("--data_dir=d", "--model_dir=m", "--recipe=auto",
-                            "--max_steps=1000", "--learning_rate=0.01")
+                            "--max_steps=2000", "--learning_rate=0.01")
     applied, line = recipes.apply(scratch)
     assert line.startswith("recipe auto: scratch (no --checkpoint_path)")
     assert "given, so kept: --max_steps, --learning_rate" in line
     # Given at its default value (0.01) still wins over the recipe's 3e-3.
-    assert applied.model.learning_rate == 0.01 and applied.run.max_steps == 1000
+    assert applied.model.learning_rate == 0.01 and applied.run.max_steps == 2000
     assert applied.model.optimizer == "adam" and not applied.input.random_flip
     assert applied.model.freeze_scopes == () == applied.model.checkpoint_exclude_scopes
     # With a checkpoint the same command takes the fine-tuning route.

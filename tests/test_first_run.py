@@ -187,23 +187,32 @@ def test_unset_checkpoint_cadence_follows_the_run_length():
             == steps, args
 
 
-@pytest.mark.parametrize("how", ["--recipe=finetune",
-                                 "--flagfile=" + os.path.join(ROOT, "configs",
-                                                              "own_images_finetune.flags")])
+@pytest.mark.parametrize("how", [
+    ("--recipe=finetune",),
+    ("--flagfile=" + os.path.join(ROOT, "configs", "own_images_finetune.flags"),),
+    ("--freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1",
+     "--checkpoint_exclude_scopes=resnet_v1_50/logits")])
 def test_frozen_and_excluded_scopes_without_a_checkpoint_are_refused_from_any_folder(
         how, digits_data, tmp_path, monkeypatch):
-    """The fine-tuning recipe without --checkpoint_path froze conv1 and block1 at their
-    random values, silently: refused now, before anything is written, from any folder
-    (the recipe is installed with the package)."""
+    """The fine-tuning flagfile without --checkpoint_path froze conv1 and block1 at their
+    random values, silently: scopes that only mean something for restored weights are
+    refused now, before anything is written, from any folder (the recipe is installed
+    with the package)."""
     monkeypatch.chdir(tmp_path)
     model_dir = tmp_path / "run"
     out = run_command("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
-                      model_dir, "--image_size", IMAGE_SIZE, "--max_steps", 2, how)
+                      model_dir, "--image_size", IMAGE_SIZE, "--max_steps", 2, *how)
     assert out.code == 1, out.output[-2000:]
-    assert ("slimserve-train: --freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1 and "
-            "--checkpoint_exclude_scopes=resnet_v1_50/logits need a checkpoint to restore, "
-            "but no --checkpoint_path is given: frozen layers would keep their random initial "
-            "values") in out.stderr, out.stderr[-2000:]
+    if len(how) == 2:
+        assert ("slimserve-train: --freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1 and "
+                "--checkpoint_exclude_scopes=resnet_v1_50/logits need a checkpoint to "
+                "restore, but no --checkpoint_path is given: frozen layers would keep their "
+                "random initial values. Pass --checkpoint_path, or leave them out"
+                ) in out.stderr, out.stderr[-2000:]
+    else:
+        assert ("slimserve-train: --checkpoint_exclude_scopes=resnet_v1_50/logits needs a "
+                "checkpoint to restore, but no --checkpoint_path is given. Pass "
+                "--checkpoint_path, or leave it out") in out.stderr, out.stderr[-2000:]
     assert "--recipe=auto" in out.stderr and "Traceback" not in out.stderr
     assert not os.path.exists(model_dir)
 
