@@ -148,9 +148,9 @@ def run_one(job, work_dir, checkpoint, results_path, keep=False):
     with open(model_dir + ".log", "w") as handle:
         handle.write("".join(output))
     if not keep:  # a resnet_v1_50 run leaves ~1.5 GB of checkpoints and exports
-        for name in os.listdir(model_dir) if os.path.isdir(model_dir) else []:
-            if name.startswith("model.ckpt-") or name == "export":
-                subprocess.run(["rm", "-rf", os.path.join(model_dir, name)], check=True)
+        for entry in os.listdir(model_dir) if os.path.isdir(model_dir) else []:
+            if entry.startswith("model.ckpt-") or entry == "export":
+                subprocess.run(["rm", "-rf", os.path.join(model_dir, entry)], check=True)
     text = "".join(output)
     accuracy, per_class = final_accuracy(text)
     record = {"data": data_name, "name": name, "seed": seed, "accuracy": accuracy,
