@@ -26,7 +26,9 @@ setup(
     python_requires=">=3.9,<3.12",
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
-    package_data={"slimserve.serving": ["tfserving/*", "kubernetes/*"]},
+    package_data={"slimserve.serving": ["tfserving/*", "kubernetes/*"],
+                  # the recipes slimserve-train --recipe=NAME reads (configs/ has copies)
+                  "slimserve.estimator.recipes": ["*.flags"]},
     install_requires=[
         "tensorflow>=2.15,<2.16",
         "tensorflow-estimator>=2.15,<2.16",

@@ -1,121 +1,170 @@
-"""Training recipes for a user's own small image set, measured: the documented recipe
-(configs/own_images_*.flags) against the plain defaults and a small tuning grid, in the
-same step budget (300 steps at 32x32, resnet_v1_50), on real data sets that packages
-provide offline. docs/your-own-images.md shows the table this prints.
+"""The own-images recipe against a small grid, on data sets it was not tuned on: the
+command README shows (`slimserve-train --recipe=auto`, without a pretrained checkpoint)
+against learning rates and run lengths from scratch, and the routes with a checkpoint
+(the recipe's frozen stem and block1, or nothing frozen). docs/your-own-images.md shows
+the tables this prints.
 
-    python benchmarks/bench_recipe.py --work_dir=bench_out/recipe \
-        --data digits=DIGITS_DATA --data fashion=FASHION_DATA --checkpoint=SOURCE_RUN
+    python benchmarks/bench_recipe.py --work_dir=bench_out/recipe --checkpoint=SOURCE_RUN \
+        --data mnist=MNIST_DATA --data elpv=ELPV_DATA --data lfw=LFW_DATA
     python benchmarks/bench_recipe.py --report bench_out/recipe/results.jsonl
 
-Each run is `slimserve-train` in its own process (niced) with the flags printed in the
-table, so any row can be re-run alone; results are appended to results.jsonl under
---work_dir and a finished run is not trained again (re-running resumes the grid).
-Accuracy is the evaluation of the last checkpoint (step 300) on the validation split.
+Each run is `slimserve-train` in its own process (niced) with the flags the table prints
+(its checkpoints and exports removed afterwards unless --keep_runs),
+so any row can be re-run alone; results are appended to results.jsonl under --work_dir
+and a finished run is not trained again (re-running resumes the grid). Accuracy is the
+last evaluation (the final checkpoint) on the validation split: on a set converted with
+--group_regex, groups the training never saw. Besides the wall time (which other work on
+the machine stretches: the load average before and after is recorded) each row records the
+run's CPU time, which divided by the cores used says what the run costs an idle machine.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FINETUNE_FLAGS = os.path.join("configs", "own_images_finetune.flags")
-SCRATCH_FLAGS = os.path.join("configs", "own_images_scratch.flags")
-BUDGET = ["--image_size=32", "--max_steps=300"]
-# Every grid run names the settings it tries in full, so the defaults being measured
-# (opt_epsilon, batch_norm_decay) never leak into the grid's rows.
-_FT = ["--checkpoint_exclude_scopes=resnet_v1_50/logits"]
-_FREEZE = ["--freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1"]
-_SPEED = ["--save_checkpoints_steps=100", "--eval_throttle_secs=1", "--noexport",
-          "--log_step_count_steps=100", "--save_summary_steps=100"]
+BUDGET = ["--image_size=32"]
+_QUIET = ["--noexport"]  # grid rows: the evaluations are the measurement
 
-
-def _adam(lr=1e-3, bn=0.9):
-    return ["--optimizer=adam", "--learning_rate=%g" % lr, "--opt_epsilon=1e-8",
-            "--learning_rate_schedule=cosine", "--decay_steps=300",
-            "--end_learning_rate=1e-6", "--batch_norm_decay=%g" % bn]
-
-
-def _momentum(lr, bn=0.9):
-    return ["--optimizer=momentum", "--learning_rate=%g" % lr,
-            "--learning_rate_schedule=cosine", "--decay_steps=300",
-            "--end_learning_rate=1e-6", "--batch_norm_decay=%g" % bn]
-
-
-# Light augmentation for small images that fill the frame: most of the image in every
-# crop, no flips, nothing cut off at evaluation; and label smoothing.
-_LIGHT = ["--min_crop_area=0.85", "--norandom_flip", "--eval_central_fraction=1.0",
-          "--label_smoothing=0.1"]
-# The demo's fine-tuning settings (configs/digits_finetune.flags), the grid's centre.
-_D = _FT + _FREEZE + _adam() + _LIGHT
-
-# (name, uses the checkpoint, flags). "readme example" is the README's training command
-# at this budget; "old defaults" pins the values slimserve defaulted to before.
+# (name, uses the checkpoint, flags). The first row is README's own-images command; the
+# scratch rows are the grid around it (learning rate x run length), the checkpoint rows
+# the routes with a source checkpoint (its recipe, frozen or not, and run length).
 RUNS = [
-    ("finetune recipe", True, ["--flagfile=" + FINETUNE_FLAGS]),
-    ("readme example with old defaults", True, _FT + _FREEZE + [
-        "--batch_norm_decay=0.997", "--opt_epsilon=1.0"]),
-    ("readme example with new defaults", True, _FT + _FREEZE),
-    ("ft demo settings", True, _D),
-    ("ft lr 3e-4", True, _D + ["--learning_rate=3e-4"]),
-    ("ft lr 3e-3", True, _D + ["--learning_rate=3e-3"]),
-    ("ft bn 0.967", True, _D + ["--batch_norm_decay=0.967"]),
-    ("ft bn 0.997", True, _D + ["--batch_norm_decay=0.997"]),
-    ("ft flips", True, _D + ["--random_flip"]),
-    ("ft no label smoothing", True, _D + ["--label_smoothing=0"]),
-    ("ft nothing frozen", True, _FT + _adam() + _LIGHT),
-    ("ft slim augmentation", True, _FT + _FREEZE + _adam()),
-    ("ft momentum 0.03", True, _FT + _FREEZE + _momentum(0.03) + _LIGHT),
-    ("scratch recipe", False, ["--flagfile=" + SCRATCH_FLAGS]),
-    ("scratch defaults", False, []),
-    ("scratch recipe at lr 1e-3", False, ["--flagfile=" + SCRATCH_FLAGS, "--learning_rate=1e-3"]),
-    ("scratch demo settings", False, _adam() + _LIGHT),
-    ("scratch lr 3e-3", False, _adam(3e-3) + _LIGHT),
-    ("scratch bn 0.967", False, _adam(1e-3, 0.967) + _LIGHT),
-    ("scratch momentum 0.1", False, _momentum(0.1) + _LIGHT),
+    ("readme command", False, ["--recipe=auto"]),
+    ("auto with a checkpoint", True, ["--recipe=auto"]),
+    ("scratch 300 steps", False, ["--recipe=scratch", "--max_steps=300"]),
+    ("scratch lr 1e-3", False, ["--recipe=scratch", "--max_steps=300",
+                                "--learning_rate=1e-3"] + _QUIET),
+    ("scratch lr 1e-2", False, ["--recipe=scratch", "--max_steps=300",
+                                "--learning_rate=1e-2"] + _QUIET),
+    ("scratch 1000 steps lr 1e-3", False,
+     ["--recipe=scratch", "--max_steps=1000", "--learning_rate=1e-3"] + _QUIET),
+    ("scratch 1000 steps lr 1e-2", False,
+     ["--recipe=scratch", "--max_steps=1000", "--learning_rate=1e-2"] + _QUIET),
+    ("checkpoint frozen 300 steps", True,
+     ["--recipe=finetune", "--max_steps=300",
+      "--freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1"]),
+    ("checkpoint nothing frozen 300 steps", True,
+     ["--recipe=finetune", "--max_steps=300", "--freeze_scopes="] + _QUIET),
+    ("checkpoint frozen 1000 steps", True,
+     ["--recipe=finetune", "--max_steps=1000",
+      "--freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1"] + _QUIET),
 ]
+_LOCK = threading.Lock()
 
 
-def command(name, uses_checkpoint, flags, data_dir, checkpoint, model_dir, seed):
+def command(flags, data_dir, checkpoint, model_dir, seed, uses_checkpoint):
     argv = [os.path.join(os.path.dirname(sys.executable), "slimserve-train")] + flags
     argv += ["--data_dir=" + data_dir, "--model_dir=" + model_dir, "--seed=%d" % seed]
     argv += BUDGET
     if uses_checkpoint:
         argv.append("--checkpoint_path=" + checkpoint)
-    if not any(flag.startswith("--flagfile") for flag in flags):
-        argv += _SPEED  # the recipe rows run exactly as documented (exports included)
     return argv
 
 
 def final_accuracy(output):
+    """(accuracy, mean per-class accuracy) of the run's last evaluation."""
     for line in output.splitlines():
         if line.startswith("eval: "):
-            fields = dict(item.split("=") for item in line[len("eval: "):].split(", "))
-            return float(fields["accuracy"]), float(fields["mean_per_class_accuracy"])
+            values = dict(item.split("=") for item in line[len("eval: "):].split(", "))
+            return float(values["accuracy"]), float(values["mean_per_class_accuracy"])
     return None, None
 
 
+def _settings(flags, uses_checkpoint):
+    """(steps, learning rate, what the checkpoint column says) a row trained with: its
+    flags, else its recipe's."""
+    from slimserve.estimator import recipes  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import train_config  # pylint: disable=import-outside-toplevel
+    given = dict(f[2:].split("=", 1) for f in flags if "=" in f)
+    route = recipes.route(given.get("recipe", "scratch"), "x" if uses_checkpoint else None)
+    recipe = recipes.settings(train_config.TrainConfig, route)
+    steps = given.get("max_steps", recipe.get(("run", "max_steps")))
+    rate = given.get("learning_rate", "%g" % recipe.get(("model", "learning_rate")))
+    frozen = given.get("freeze_scopes", ",".join(recipe.get(("model", "freeze_scopes"), ())))
+    source = "none" if not uses_checkpoint else (
+        "source, frozen %s" % frozen.replace("resnet_v1_50/", "") if frozen else
+        "source, nothing frozen")
+    return steps, rate, source
+
+
 def report(paths):
-    """Markdown: one row per (data set, run), the recipe rows first, then the commands."""
+    """Markdown: per data set, one row per run, then the recipe against the best of the
+    from-scratch grid, then every command."""
     records = []
     for path in paths:
         with open(path) as handle:
             records += [json.loads(line) for line in handle if line.strip()]
     order = {run[0]: index for index, run in enumerate(RUNS)}
+    uses = {run[0]: run[1] for run in RUNS}
+    runs = {run[0]: run[2] for run in RUNS}
     records.sort(key=lambda r: (r["data"], order.get(r["name"], 99), r["seed"]))
-    lines = ["| data set | run | checkpoint | validation accuracy at step 300 |",
-             "|---|---|---|---|"]
+    lines = ["| data set | run | checkpoint | steps | learning rate | validation accuracy "
+             "| CPU minutes | wall minutes (load) |", "|---|---|---|---|---|---|---|---|"]
     for r in records:
-        uses = dict((run[0], run[1]) for run in RUNS).get(r["name"])
+        steps, rate, source = _settings(runs.get(r["name"], []), uses.get(r["name"]))
         accuracy = "%.1f%%" % (100 * r["accuracy"]) if r["accuracy"] is not None else (
             "failed (exit %d)" % r["exit"])
-        lines.append("| %s | %s | %s | %s |" % (r["data"], r["name"],
-                                                "source" if uses else "none", accuracy))
+        lines.append("| %s | %s | %s | %s | %s | %s | %.1f | %.1f (%.1f-%.1f) |" % (
+            r["data"], r["name"], source, steps, rate, accuracy,
+            r["cpu_seconds"] / 60.0, r["seconds"] / 60.0, r["load"][0], r["load"][1]))
+    lines.append("")
+    for data in sorted({r["data"] for r in records}):
+        scratch = [r for r in records if r["data"] == data and not uses.get(r["name"])
+                   and r["accuracy"] is not None]
+        readme = [r for r in scratch if r["name"] == "readme command"]
+        if readme and scratch:
+            best = max(scratch, key=lambda r: r["accuracy"])
+            lines.append("- %s: README's command %.1f%%, best of the from-scratch grid %.1f%% "
+                         "(%s): %+.1f points" % (
+                             data, 100 * readme[0]["accuracy"], 100 * best["accuracy"],
+                             best["name"], 100 * (readme[0]["accuracy"] - best["accuracy"])))
     lines += ["", "Commands:", "", "```"]
     lines += ["# %s, %s\n%s" % (r["data"], r["name"], r["command"]) for r in records]
     return "\n".join(lines + ["```"])
+
+
+def run_one(job, work_dir, checkpoint, results_path, keep=False):
+    data_name, data_dir, (name, uses_checkpoint, flags), seed = job
+    model_dir = os.path.join(work_dir, data_name, name.replace(" ", "_").replace(",", ""),
+                             str(seed))
+    subprocess.run(["rm", "-rf", model_dir], check=True)
+    argv = command(flags, data_dir, checkpoint, model_dir, seed, uses_checkpoint)
+    load_before = os.getloadavg()[0]
+    started = time.time()
+    # The child's CPU time: wait4's rusage of this one process (threads included).
+    process = subprocess.Popen(["nice", "-n", "10"] + argv, cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    with open(model_dir + ".log", "w") as handle:
+        handle.write("".join(output))
+    if not keep:  # a resnet_v1_50 run leaves ~1.5 GB of checkpoints and exports
+        for entry in os.listdir(model_dir) if os.path.isdir(model_dir) else []:
+            if entry.startswith("model.ckpt-") or entry == "export":
+                subprocess.run(["rm", "-rf", os.path.join(model_dir, entry)], check=True)
+    text = "".join(output)
+    accuracy, per_class = final_accuracy(text)
+    record = {"data": data_name, "name": name, "seed": seed, "accuracy": accuracy,
+              "mean_per_class_accuracy": per_class, "exit": process.returncode,
+              "evaluations": text.count(" eval at step "),
+              "seconds": round(time.time() - started),
+              "cpu_seconds": round(usage.ru_utime + usage.ru_stime),
+              "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+              "command": " ".join(shlex.quote(a) for a in argv)}
+    with _LOCK:
+        print(json.dumps(record), flush=True)
+        with open(results_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    return record
 
 
 def main(argv=None):
@@ -124,54 +173,47 @@ def main(argv=None):
     parser.add_argument("--data", action="append",
                         help="NAME=TFRECORD_DIR (slimserve-convert output); repeatable.")
     parser.add_argument("--checkpoint",
-                        help="Source checkpoint (file or run dir) for the fine-tuning rows.")
+                        help="Source checkpoint (file or run dir) for the rows that use one.")
     parser.add_argument("--report", nargs="*",
                         help="Print the markdown table of these results.jsonl files instead.")
     parser.add_argument("--only", default="",
                         help="Comma-separated run names to run, in this order (default: all).")
     parser.add_argument("--seeds", default="0", help="Comma-separated --seed values.")
+    parser.add_argument("--keep_runs", action="store_true",
+                        help="Keep each run's checkpoints and exports (by default only its "
+                             "log, flags.txt and evaluation events stay: ~1.5 GB a run).")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="Runs at once (each is a niced slimserve-train process).")
     args = parser.parse_args(argv)
     if args.report:
         print(report(args.report))
         return
+    if not (args.work_dir and args.data):
+        parser.error("--work_dir and --data are required to run the grid")
+    wanted = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = set(wanted) - {run[0] for run in RUNS}
+    if unknown:
+        sys.exit("bench_recipe: unknown run(s) %s" % sorted(unknown))
+    runs = [run for name in wanted for run in RUNS if run[0] == name] if wanted else RUNS
+    if any(run[1] for run in runs) and not args.checkpoint:
+        parser.error("--checkpoint is needed for the rows that use one")
     os.makedirs(args.work_dir, exist_ok=True)
     results_path = os.path.join(args.work_dir, "results.jsonl")
     done = set()
     if os.path.exists(results_path):
         with open(results_path) as handle:
             done = {(r["data"], r["name"], r["seed"]) for r in map(json.loads, handle)}
-    if not (args.work_dir and args.data and args.checkpoint):
-        parser.error("--work_dir, --data and --checkpoint are required to run the grid")
-    wanted = [name.strip() for name in args.only.split(",") if name.strip()]
-    unknown = set(wanted) - {run[0] for run in RUNS}
-    if unknown:
-        sys.exit("bench_recipe: unknown run(s) %s" % sorted(unknown))
-    # In --only's order when given (the most telling runs first on a busy machine).
-    runs = [run for name in wanted for run in RUNS if run[0] == name] if wanted else RUNS
+    jobs = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        for data in args.data:
-            data_name, data_dir = data.split("=", 1)
-            for name, uses_checkpoint, flags in runs:
-                if (data_name, name, seed) in done:
-                    continue
-                model_dir = os.path.join(args.work_dir, data_name,
-                                         name.replace(" ", "_").replace(",", ""), str(seed))
-                subprocess.run(["rm", "-rf", model_dir], check=True)
-                argv = command(name, uses_checkpoint, flags, data_dir, args.checkpoint,
-                               model_dir, seed)
-                started = time.time()
-                proc = subprocess.run(["nice", "-n", "10"] + argv, cwd=ROOT,
-                                      capture_output=True, text=True)
-                with open(model_dir + ".log", "w") as handle:
-                    handle.write(proc.stdout + proc.stderr)
-                accuracy, per_class = final_accuracy(proc.stdout)
-                record = {"data": data_name, "name": name, "seed": seed,
-                          "accuracy": accuracy, "mean_per_class_accuracy": per_class,
-                          "exit": proc.returncode, "seconds": round(time.time() - started),
-                          "command": " ".join(shlex.quote(a) for a in argv)}
-                print(json.dumps(record), flush=True)
-                with open(results_path, "a") as handle:
-                    handle.write(json.dumps(record) + "\n")
+        for run in runs:  # a run on every data set before the next run: the telling rows first
+            for data in args.data:
+                data_name, data_dir = data.split("=", 1)
+                if (data_name, run[0], seed) not in done:
+                    jobs.append((data_name, os.path.abspath(data_dir), run, seed))
+    checkpoint = os.path.abspath(args.checkpoint) if args.checkpoint else None
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.workers)) as pool:
+        list(pool.map(lambda job: run_one(job, args.work_dir, checkpoint, results_path,
+                                          args.keep_runs), jobs))
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def build_dataset(input_path, output_dir, options,
                   validation_fraction=0.2, validation_input=None, train_shards=8,
                   validation_shards=2, seed=0, jpeg_quality=95, overwrite=False,
                   max_shorter_side=0, max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES,
-                  force_unlock=False):
+                  force_unlock=False, group_regex=None):
     """dataset.build_dataset on Beam, with these PipelineOptions (runner and its options:
     slimserve/cli/beam.py makes them from the flags); returns the dataset_info dictionary.
     The launcher holds the output folder's lock (dataset.lock_output) for the whole run."""
@@ -177,7 +177,7 @@ def build_dataset(input_path, output_dir, options,
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     the_plan = dataset.plan(input_path, validation_fraction, validation_input, train_shards,
                             validation_shards, seed, max_shorter_side, max_file_bytes,
-                            reader=read_input)
+                            reader=read_input, group_regex=group_regex)
     num_shards = {split: len(bounds) for split, bounds in the_plan.bounds.items()}
     with errors.writing(output_dir, "--output_dir"), dataset.lock_output(output_dir,
                                                                           force_unlock):

@@ -2,6 +2,8 @@
 
 Writes `train-%05d-of-%05d` / `validation-...` shards, `labels.txt` (`id:name`) and
 `dataset_info.json` (counts per split and class, shards, skipped files with reasons).
+With a group pattern (--group_regex) whole groups go to one split, so validation measures
+groups the training never saw (stratified per class and seeded, as the per-image split).
 
 Class names come from folder names or CSV labels; a name that `labels.txt` cannot
 hold (control characters, line breaks, blank, not UTF-8) is refused up front, naming
@@ -137,6 +139,73 @@ def read_input(path):
     return read_csv(path)
 
 
+def relative_path(path, input_path):
+    """`path` relative to the folder `input_path` (or to the folder of the CSV it is),
+    `/`-separated: what --group_regex reads."""
+    base = input_path if not image_listing.is_csv(input_path) else (
+        input_path.rsplit("/", 1)[0] if "://" in input_path else
+        os.path.dirname(os.path.abspath(input_path)))
+    if "://" in path or "://" in base:
+        prefix = base.rstrip("/") + "/"
+        return path[len(prefix):] if path.startswith(prefix) else path
+    return os.path.relpath(path, base).replace(os.sep, "/")
+
+
+def item_groups(items, input_path, group_regex):
+    """The group of each item: --group_regex's first capture group (or whole match)
+    searched in the item's path relative to `input_path`; a path it does not match is a
+    DatasetError naming it (left alone it would land in either split and leak)."""
+    try:
+        pattern = re.compile(group_regex)
+    except re.error as error:
+        raise DatasetError("--group_regex %r is not a regular expression: %s"
+                           % (group_regex, error)) from None
+    groups, unmatched = [], []
+    for item in items:
+        relative = relative_path(item.path, input_path)
+        match = pattern.search(relative)
+        group = (match.group(1) if pattern.groups else match.group(0)) if match else None
+        if not group:
+            unmatched.append(relative)
+        groups.append(group)
+    if unmatched:
+        raise DatasetError(
+            "--group_regex %r finds no group in %d of %d paths (first: %s); every image "
+            "needs one, e.g. '^[^/]+/([^/]+)/' for <class>/<group>/<image>"
+            % (group_regex, len(unmatched), len(items), unmatched[0]))
+    return groups
+
+
+def grouped_split(items, groups, fraction, seed):
+    """Whole groups into validation, seeded and stratified per class: groups in a seeded
+    order each go to validation when that brings every class they hold closer to
+    round(n * fraction) validation images, and never when it would leave a class without
+    training images. Returns (train, validation, {split: number of groups})."""
+    _check_option("validation_fraction", fraction)
+    by_group = collections.defaultdict(list)
+    for item, group in zip(items, groups):
+        by_group[group].append(item)
+    totals = collections.Counter(item.label for item in items)
+    target = {label: round(count * fraction) for label, count in totals.items()}
+    names = sorted(by_group)
+    random.Random(seed).shuffle(names)
+    in_validation, train_left = collections.Counter(), collections.Counter(totals)
+    chosen = set()
+    for name in names:
+        counts = collections.Counter(item.label for item in by_group[name])
+        before = sum(abs(in_validation[c] - target[c]) for c in counts)
+        after = sum(abs(in_validation[c] + n - target[c]) for c, n in counts.items())
+        if after < before and all(train_left[c] > n for c, n in counts.items()):
+            chosen.add(name)
+            in_validation.update(counts)
+            train_left.subtract(counts)
+    train = [item for name in sorted(by_group) if name not in chosen
+             for item in sorted(by_group[name])]
+    validation = [item for name in sorted(chosen) for item in sorted(by_group[name])]
+    return train, validation, {schema.TRAIN: len(by_group) - len(chosen),
+                               schema.VALIDATION: len(chosen)}
+
+
 def stratified_split(items, fraction, seed):
     """Per class, a seeded shuffle puts round(n * fraction) items into validation."""
     _check_option("validation_fraction", fraction)
@@ -167,6 +236,14 @@ class ConvertOptions:
         fields.FRACTION)
     validation_input: str = fields.option(
         None, "A separate folder/CSV for validation; overrides --validation_fraction.")
+    group_regex: str = fields.option(
+        None, "Keep groups whole: images that come in groups (a patient, camera, session, "
+        "source, near-duplicates) go to one split together, so validation measures new "
+        "groups. A regular expression searched in each image's path relative to --input "
+        "('/'-separated; a CSV's paths as written): its first capture group, or the whole "
+        "match, names the group; e.g. '^[^/]+/([^/]+)/' for <class>/<group>/<image>. The "
+        "split is then by group, seeded and stratified per class; an image without a "
+        "group is an error. With --validation_input, a group in both inputs is an error.")
     train_shards: int = fields.option(8, "Number of training shards.", fields.Bound(1))
     validation_shards: int = fields.option(2, "Number of validation shards.", fields.Bound(1))
     seed: int = fields.option(0, "Seed of the split and of the training shard order.")
@@ -221,19 +298,20 @@ def shard_bounds(count, num_shards):
 
 Plan = collections.namedtuple(
     "Plan", "items bounds names skipped empty seed validation_fraction max_shorter_side "
-            "max_file_bytes")
+            "max_file_bytes groups", defaults=(None,))
 Plan.__doc__ = """Everything decided before any image is read: `items` and `bounds`
 (shard ranges into items) per split, the class `names` (sorted), listing `skipped`
-entries, `empty` class folders, and the settings dataset_info.json records."""
+entries, `empty` class folders, and the settings dataset_info.json records (`groups`:
+the --group_regex and the number of groups per split, or None)."""
 
 
 def plan(input_path, validation_fraction=0.2, validation_input=None, train_shards=8,
          validation_shards=2, seed=0, max_shorter_side=0,
-         max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES, reader=None):
-    """Lists and validates the input, splits it (stratified, seeded), shuffles the
-    training list (shards mix classes; validation keeps a stable order) and cuts both
-    into shards. Every converter writes exactly this plan, so for the same input and
-    settings each file lands in the same split, shard and position.
+         max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES, reader=None, group_regex=None):
+    """Lists and validates the input, splits it (stratified, seeded; by whole groups with
+    `group_regex`), shuffles the training list (shards mix classes; validation keeps a
+    stable order) and cuts both into shards. Every converter writes exactly this plan, so
+    for the same input and settings each file lands in the same split, shard and position.
 
     `reader` lists an input path (default read_input; Beam passes one that also lists
     remote paths)."""
@@ -242,10 +320,24 @@ def plan(input_path, validation_fraction=0.2, validation_input=None, train_shard
                   validation_shards, max_shorter_side, max_file_bytes)
     items, skipped, empty = reader(input_path)
     skipped = list(skipped)
+    groups = None
     if validation_input:
         validation, val_skipped, _ = reader(validation_input)
         train = list(items)
         skipped += val_skipped
+        if group_regex:
+            train_groups = set(item_groups(train, input_path, group_regex))
+            val_groups = set(item_groups(validation, validation_input, group_regex))
+            shared = sorted(train_groups & val_groups)
+            if shared:
+                raise DatasetError(
+                    "--group_regex: %d group(s) are in both --input and --validation_input "
+                    "(first: %s); validation would not measure new groups"
+                    % (len(shared), ", ".join(shared[:5])))
+            groups = {schema.TRAIN: len(train_groups), schema.VALIDATION: len(val_groups)}
+    elif group_regex:
+        train, validation, groups = grouped_split(
+            items, item_groups(items, input_path, group_regex), validation_fraction, seed)
     else:
         train, validation = stratified_split(items, validation_fraction, seed)
     names = sorted({item.label for item in train} | {item.label for item in validation})
@@ -258,7 +350,7 @@ def plan(input_path, validation_fraction=0.2, validation_input=None, train_shard
               schema.VALIDATION: shard_bounds(len(validation), validation_shards)}
     return Plan(split_items, bounds, names, skipped, dict(empty), seed,
                 None if validation_input else validation_fraction, max_shorter_side,
-                max_file_bytes)
+                max_file_bytes, dict(groups, group_regex=group_regex) if groups else None)
 
 
 def label_ids(names):
@@ -302,7 +394,9 @@ def assemble_info(the_plan, summaries):
             "splits": {}, "seed": the_plan.seed,
             "validation_fraction": the_plan.validation_fraction,
             "max_shorter_side": the_plan.max_shorter_side,
-            "max_file_bytes": the_plan.max_file_bytes}
+            "max_file_bytes": the_plan.max_file_bytes,
+            # {"group_regex", "train": groups, "validation": groups}: split by whole groups
+            "groups": the_plan.groups}
     skipped, notes = list(the_plan.skipped), []
     for split in schema.SPLITS:
         shards = summaries[split]
@@ -454,17 +548,20 @@ def lock_output(output_dir, force_unlock=False):
 def build_dataset(input_path, output_dir, validation_fraction=0.2, validation_input=None,
                   train_shards=8, validation_shards=2, seed=0, num_workers=None,
                   jpeg_quality=95, overwrite=False, show_progress=True, max_shorter_side=0,
-                  max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES, force_unlock=False):
+                  max_file_bytes=image_files.DEFAULT_MAX_FILE_BYTES, force_unlock=False,
+                  group_regex=None):
     """Converts images to TFRecords; returns the dataset_info dictionary.
 
     Only regular files of at most `max_file_bytes` bytes are read (0: no limit); others
     are skipped with the reason. Classes without a usable training image are left out
     and listed in `dropped_classes` with the reason. `output_dir` is locked for the run
     (lock_output; `force_unlock` takes over another host's lock); a permission error or a
-    full disk there is a UserError naming it, with nothing published.
+    full disk there is a UserError naming it, with nothing published. `group_regex`
+    keeps groups whole across the splits (plan).
     """
     the_plan = plan(input_path, validation_fraction, validation_input, train_shards,
-                    validation_shards, seed, max_shorter_side, max_file_bytes)
+                    validation_shards, seed, max_shorter_side, max_file_bytes,
+                    group_regex=group_regex)
     with errors.writing(output_dir, "--output_dir"), lock_output(output_dir, force_unlock):
         staging = prepare_output(output_dir, overwrite)
         from tqdm import tqdm  # pylint: disable=g-import-not-at-top
@@ -486,6 +583,10 @@ def format_summary(info, output_dir):
     counts = {split: info["splits"][split]["count"] for split in info["splits"]}
     lines = ["wrote %s to %s (%d classes, %d skipped)" % (
         json.dumps(counts), output_dir, info["num_classes"], len(info["skipped"]))]
+    if info.get("groups"):
+        lines.append("  split by group (--group_regex %s): %d train, %d validation groups"
+                     % (info["groups"]["group_regex"], info["groups"][schema.TRAIN],
+                        info["groups"][schema.VALIDATION]))
     for name, reason in info.get("dropped_classes", {}).items():
         lines.append("  class %r left out: %s" % (name, reason))
     for entry in info["skipped"]:

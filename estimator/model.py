@@ -46,7 +46,8 @@ class ModelConfig:
     """Every model and optimisation hyper-parameter; each option is a flag of
     slimserve-train. num_classes and class_names come from the data set's labels.txt.
     None marks a value derived from others when unset (`derived`)."""
-    model_name: str = fields.option("resnet_v1_50", "Net from estimator/nets.py.")
+    model_name: str = fields.option("resnet_v1_50", "The slim net (estimator/nets.py).",
+                                    choices=sorted(nets.NETS))
     num_classes: int = 10
     class_names: Sequence[str] = ()
     # Fine-tuning.

@@ -1,6 +1,7 @@
 """TrainConfig: everything a training run takes, as one typed object (Model Garden's
 config_definitions), whose fields are slimserve-train's flags.
 
+A recipe (`recipe`, estimator/recipes/) fills what the command line left unset.
 Sections: data (where the TFRecords are), input (the input pipeline), model (ModelConfig,
 estimator/model.py: net, fine-tuning, optimisation), run (model_dir, mode, steps,
 checkpoints), distribution (strategy, precision, threads), export (the exporters
@@ -22,6 +23,7 @@ from slimserve.estimator import inputs
 from slimserve.estimator import model as model_lib
 from slimserve.estimator import nets
 from slimserve.estimator import preprocessing
+from slimserve.estimator import recipes
 from slimserve.estimator import run_config
 
 MODES = ("train_and_eval", "train", "eval")
@@ -94,10 +96,18 @@ class RunOptions:
                                    fields.POSITIVE)
     eval_steps: Optional[int] = fields.option(
         None, "Eval batches (default: the whole eval split).", fields.POSITIVE, kind=int)
-    save_checkpoints_steps: int = fields.option(200, "Checkpoint every N steps.",
-                                                fields.POSITIVE)
+    evaluations: int = fields.option(
+        5, "Checkpoints (each evaluated in train_and_eval, and exported to export/best "
+        "only when it beats every earlier one) per run when neither "
+        "--save_checkpoints_steps nor --save_checkpoints_secs is given: one every "
+        "--max_steps/N steps, so a longer run costs as many evaluations as a short one. "
+        "The last step is always evaluated.", fields.POSITIVE)
+    save_checkpoints_steps: Optional[int] = fields.option(
+        None, "Checkpoint (and evaluate) every N steps (default: --max_steps / "
+        "--evaluations, rounded up).", fields.POSITIVE, kind=int)
     save_checkpoints_secs: Optional[int] = fields.option(
-        None, "Or every N seconds (overrides steps).", fields.POSITIVE, kind=int)
+        None, "Or every N seconds (overrides steps): evaluations by time.", fields.POSITIVE,
+        kind=int)
     keep_checkpoint_max: int = fields.option(5, "Checkpoints kept.", fields.POSITIVE)
     log_step_count_steps: int = fields.option(20, "Progress line every N steps.",
                                               fields.POSITIVE)
@@ -106,6 +116,15 @@ class RunOptions:
     eval_throttle_secs: int = fields.option(10, "Least seconds between evaluations.",
                                             fields.NON_NEGATIVE)
     seed: int = fields.option(0, "Graph-level seed for init, shuffling and crops.")
+
+    def checkpoint_steps(self):
+        """--save_checkpoints_steps, or --max_steps / --evaluations rounded up when unset
+        (None when --save_checkpoints_secs sets the cadence by time)."""
+        if self.save_checkpoints_secs:
+            return None
+        if self.save_checkpoints_steps:
+            return self.save_checkpoints_steps
+        return -(-self.max_steps // self.evaluations)
 
 
 @dataclasses.dataclass
@@ -162,7 +181,11 @@ class GuardOptions:
 class TrainConfig:
     """Everything slimserve-train takes; one flag per field, sections flattened.
     model.num_classes and model.class_names are not flags: training.run fills them
-    from the data set's labels.txt."""
+    from the data set's labels.txt. `recipe` (estimator/recipes/) fills the settings not
+    given (`given`: the flags the command line named; None when built in code, where the
+    values that differ from the defaults count as given)."""
+    recipe: Optional[str] = fields.option(None, recipes.HELP, choices=recipes.NAMES)
+    given: Optional[frozenset] = fields.given_flags()
     data: DataOptions = fields.section(DataOptions)
     input: InputOptions = fields.section(InputOptions)
     model: model_lib.ModelConfig = fields.section(model_lib.ModelConfig)
@@ -190,10 +213,17 @@ class TrainConfig:
         return self
 
     def derived_defaults(self):
-        """({flag: value}, notes) for the flags left unset whose default depends on other
-        flags (ModelConfig.derived with --max_steps), and one line per value saying the
-        rule (logged, so a run says what it trained with)."""
-        return self.model.derived(self.run.max_steps)
+        """({model flag: value}, notes) for the model flags left unset whose default
+        depends on other flags (ModelConfig.derived with --max_steps), and one line per
+        derived value, the checkpoint cadence's included, saying the rule (logged, so a run
+        says what it trained with)."""
+        values, notes = self.model.derived(self.run.max_steps)
+        run = self.run
+        if not run.save_checkpoints_steps and not run.save_checkpoints_secs:
+            notes = notes + ["--save_checkpoints_steps=%d (--max_steps=%d / --evaluations=%d"
+                             ", rounded up)" % (run.checkpoint_steps(), run.max_steps,
+                                                run.evaluations)]
+        return values, notes
 
     def preprocess(self):
         """The evaluation/serving preprocessing: the net's style, --image_size (or the

@@ -5,7 +5,8 @@
     result = training.run(config, exporters_factory=exporters.for_training)
 
 Owns the order of a run, so slimserve-train only builds the config and prints the result:
-1. checks before anything is written: the config's rules, the data set, the labels, the
+1. applies a --recipe to the settings not given, then checks before anything is
+   written: the config's rules, the data set, the labels, the
    exporters' settings, and a --checkpoint_path of another net (named with the
    --model_name to pass);
 2. the chief takes `<model_dir>/train.lock` (one trainer per model_dir), checks the
@@ -33,6 +34,7 @@ from slimserve.estimator import guards
 from slimserve.estimator import inputs
 from slimserve.estimator import model
 from slimserve.estimator import progress
+from slimserve.estimator import recipes
 from slimserve.estimator import run_config
 from slimserve.estimator import run_files
 from slimserve.estimator import run_lock
@@ -43,8 +45,8 @@ from slimserve.estimator import warm_start
 @dataclasses.dataclass
 class TrainResult:
     """What a run produced: the last evaluation (None after --mode=train, or on a cluster
-    task that is not the evaluator), the versions the exporters wrote, and why each
-    exporter that wrote nothing refused."""
+    task that is not the evaluator), the versions the exporters wrote that still exist
+    (pruned ones left out), and why each exporter that wrote nothing refused."""
     eval_result: Optional[Dict[str, float]] = None
     exported: List[str] = dataclasses.field(default_factory=list)
     refused: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -59,7 +61,8 @@ class TrainResult:
     def of(cls, eval_result, exporters, seconds):
         gated = [e for e in exporters if hasattr(e, "refusal")]
         return cls(eval_result=dict(eval_result) if eval_result else None,
-                   exported=[path for e in gated for path in e.exported],
+                   exported=[path for e in gated for path in e.exported
+                             if tf.io.gfile.exists(path)],
                    refused={e.name: e.refusal for e in gated if e.refusal and not e.exported},
                    seconds=seconds)
 
@@ -89,7 +92,7 @@ def make_estimator(config, model_config):
     strategy = run_config.strategy(speed.distribution, speed.num_gpus, speed.cpu_replicas)
     estimator_config = tf.estimator.RunConfig(
         model_dir=run.model_dir, tf_random_seed=run.seed,
-        save_checkpoints_steps=None if run.save_checkpoints_secs else run.save_checkpoints_steps,
+        save_checkpoints_steps=run.checkpoint_steps(),
         save_checkpoints_secs=run.save_checkpoints_secs,
         keep_checkpoint_max=run.keep_checkpoint_max,
         log_step_count_steps=run.log_step_count_steps,
@@ -102,19 +105,26 @@ def make_estimator(config, model_config):
                                   params=dataclasses.asdict(model_config))
 
 
-def check_warm_start(config):
-    """A --checkpoint_path of another net fails here, naming the --model_name to pass:
-    before the graph is built and before train.lock or anything else is written into
-    --model_dir. A run that resumes from its own checkpoint never reads it."""
-    model_dir = config.run.model_dir
-    if not config.model.checkpoint_path or config.run.mode == "eval":
-        return
+def _resuming(model_dir):
     if tf.io.gfile.isdir(model_dir):
         try:
-            if checkpoints.listed_checkpoints(model_dir):
-                return  # a resume: the warm start is skipped (check_resume checks the rest)
+            return bool(checkpoints.listed_checkpoints(model_dir))
         except checkpoints.CheckpointError:
-            return  # a broken state file: check_resume names it
+            return True  # a broken state file: check_resume names it
+    return False
+
+
+def check_warm_start(config):
+    """Before the graph is built and before train.lock or anything else is written into
+    --model_dir: a --checkpoint_path of another net fails, naming the --model_name to
+    pass; frozen, trainable or excluded scopes without a --checkpoint_path fail, naming
+    them (they would freeze random weights). A run that resumes from its own checkpoint
+    skips both (its weights come from that checkpoint)."""
+    if config.run.mode == "eval" or _resuming(config.run.model_dir):
+        return
+    if not config.model.checkpoint_path:
+        warm_start.check_needs_checkpoint(config.model)
+        return
     warm_start.check_checkpoint_net(config.model.checkpoint_path, config.model.model_name)
 
 
@@ -168,7 +178,11 @@ def run(config, exporters_factory=None):
     exporters_factory(config, eval preprocessing) -> exporters attached to a
     train_and_eval run when --export is on (slimserve-train passes
     export/exporters.py `for_training`); it is called before anything is written, so
-    its settings are checked first."""
+    its settings are checked first. A --recipe fills the settings the config did not
+    give first (estimator/recipes/), so flags.txt records what the run trained with."""
+    config, recipe_line = recipes.apply(config)
+    if recipe_line:
+        logging.info("%s", recipe_line)
     config.validate()
     model_config, train_input, eval_input = build_configs(config)
     data = config.data

@@ -60,9 +60,9 @@ def _check_auto(eval_result, num_classes, best_seen, at):
     if not value > bar:  # also NaN
         raise ExportRefused(
             "export refused: eval %s %.4f%s is not above %.4f (--export_min_metric=auto: %s);"
-            " the model has barely learnt: train longer or with the recipe "
-            "(configs/own_images_finetune.flags), look for divergence (--learning_rate) or "
-            "broken labels, or pass --export_min_metric=none to export anyway"
+            " the model has barely learnt: train longer (--max_steps), check the labels and"
+            " the loss (too high a --learning_rate diverges), or pass "
+            "--export_min_metric=none to export anyway"
             % (metric, value, at, bar, chance_rule))
     best_value, best_step = value, None
     if best_seen and best_seen[0] > value:

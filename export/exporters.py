@@ -4,7 +4,11 @@ Estimator's own FinalExporter/BestExporter can only export one receiver's
 signatures under names like `alt:output`, and BestExporter compares eval loss;
 these keep the project's signature names (slimserve/conventions.py) and compare eval accuracy. Both export only
 an evaluation that clears --export_min_metric (export/blessing.py); a refusal is logged
-and kept in `refusal` for the training command's summary and exit status.
+(a warning only at the run's last evaluation: earlier ones may not have learnt yet) and
+kept in `refusal` for the training command's summary and exit status. The best exporter
+writes only when an evaluation beats every earlier one; when both want the same
+checkpoint (the last evaluation is the best), it is exported once and copied. `exported`
+lists the versions that still exist (pruned ones are left out).
 """
 import dataclasses
 import json
@@ -83,7 +87,8 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
 
 class _SlimserveExporter(tf.estimator.Exporter):
     def __init__(self, name, preprocess, data_dir, eval_split, verify,
-                 min_metric=blessing.AUTO, best_metric="accuracy", warmup_from=None):
+                 min_metric=blessing.AUTO, best_metric="accuracy", warmup_from=None,
+                 written=None):
         self._name = name
         self._preprocess = preprocess
         self._data_dir = data_dir
@@ -95,28 +100,42 @@ class _SlimserveExporter(tf.estimator.Exporter):
         self.refusal = None  # why the last evaluation was not exported, if it was not
         self.exported = []  # versions written by this process
         self._warmup_from = warmup_from
+        # {checkpoint path: version directory} shared by the exporters of one run.
+        self._written = {} if written is None else written
 
     @property
     def name(self):
         return self._name
 
-    def _blessed(self, estimator, eval_result):
-        """True when eval_result clears --export_min_metric; logs and records why not."""
+    def _blessed(self, estimator, eval_result, last=True):
+        """True when eval_result clears --export_min_metric; logs and records why not
+        (an INFO line before the run's `last` evaluation)."""
         try:
             reason = blessing.judge(estimator.model_dir, eval_result, self._min_metric,
                                     self._best_metric, estimator.params.get("num_classes"))
         except blessing.ExportRefused as refused:
             self.refusal = str(refused)
-            logging.warning("export/%s: %s", self._name, refused)
+            if last:
+                logging.warning("export/%s: %s", self._name, refused)
+            else:
+                logging.info("export/%s: not exported yet: %s", self._name,
+                             str(refused).split("; ")[0])
             return False
         logging.info("export/%s: %s", self._name, reason)
         self.refusal = None
         return True
 
     def _export(self, estimator, export_path, checkpoint_path, eval_result):
-        path = export_checkpoint(estimator, export_path, checkpoint_path, self._preprocess,
-                                 self._data_dir, self._eval_split, self._verify,
-                                 eval_result=eval_result, warmup_from=self._warmup_from)
+        done = self._written.get(checkpoint_path)
+        if done and tf.io.gfile.exists(done):
+            path = writer.copy_version(done, export_path)
+            logging.info("exported %s -> %s (a copy of %s)", checkpoint_path, path, done)
+        else:
+            path = export_checkpoint(estimator, export_path, checkpoint_path,
+                                     self._preprocess, self._data_dir, self._eval_split,
+                                     self._verify, eval_result=eval_result,
+                                     warmup_from=self._warmup_from)
+            self._written[checkpoint_path] = path
         self.exported.append(path)
         return path
 
@@ -138,9 +157,9 @@ class BestExporter(_SlimserveExporter):
 
     def __init__(self, name, preprocess, data_dir, eval_split, verify,
                  metric="accuracy", exports_to_keep=3, min_metric=blessing.AUTO,
-                 warmup_from=None):
+                 warmup_from=None, written=None):
         super().__init__(name, preprocess, data_dir, eval_split, verify, min_metric,
-                         metric, warmup_from)
+                         metric, warmup_from, written)
         self._metric = metric
         writer.check_exports_to_keep(exports_to_keep)  # request-bounds: 0 kept everything
         self._keep = exports_to_keep
@@ -168,11 +187,12 @@ class BestExporter(_SlimserveExporter):
         value = float(eval_result[self._metric])
         if self._best is not None and value <= self._best:
             return None
-        if not self._blessed(estimator, eval_result):
+        if not self._blessed(estimator, eval_result, is_the_final_export):
             return None
         self._best = value
         path = self._export(estimator, export_path, checkpoint_path, eval_result)
         writer.prune_versions(export_path, self._keep)
+        self.exported = [p for p in self.exported if tf.io.gfile.exists(p)]
         return path
 
 
@@ -180,13 +200,15 @@ def make_exporters(preprocess, data_dir, eval_split, exports_to_keep=3,
                    best_metric="accuracy", verify=True, min_metric=blessing.AUTO,
                    warmup_from=None):
     """The exporters slimserve-train attaches: export/final/<v> and export/best/<v>, both
-    gated by `min_metric` (--export_min_metric)."""
+    gated by `min_metric` (--export_min_metric); a checkpoint both want is exported once."""
+    written = {}
     return [
         FinalExporter("final", preprocess, data_dir, eval_split, verify,
-                      min_metric=min_metric, best_metric=best_metric, warmup_from=warmup_from),
+                      min_metric=min_metric, best_metric=best_metric, warmup_from=warmup_from,
+                      written=written),
         BestExporter("best", preprocess, data_dir, eval_split, verify,
                      metric=best_metric, exports_to_keep=exports_to_keep,
-                     min_metric=min_metric, warmup_from=warmup_from),
+                     min_metric=min_metric, warmup_from=warmup_from, written=written),
     ]
 
 

@@ -165,6 +165,27 @@ def publish(export_base, version, temp_dir):
     return final_dir
 
 
+def copy_version(source_dir, export_base):
+    """Publishes a copy of the published version `source_dir` as a new version of
+    `export_base` (claimed and published as every export is); returns its directory. The
+    final exporter uses it when the best exporter already wrote the same checkpoint."""
+    version, temp_dir = claim_version(export_base)
+    gfile = None if _is_local(source_dir) and _is_local(export_base) else _gfile()
+    try:
+        if gfile is None:
+            shutil.copytree(source_dir, temp_dir, dirs_exist_ok=True)
+        else:
+            for root, _, files in gfile.walk(source_dir):
+                target = os.path.join(temp_dir, os.path.relpath(root, source_dir))
+                gfile.makedirs(target)
+                for name in files:
+                    gfile.copy(os.path.join(root, name), os.path.join(target, name), True)
+        return publish(export_base, version, temp_dir)
+    except BaseException:
+        discard(temp_dir)
+        raise
+
+
 def discard(temp_dir):
     """Removes this writer's own unpublished `temp_dir` (after a failure)."""
     if _exists(temp_dir):

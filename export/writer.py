@@ -30,6 +30,7 @@ claim_version = versions.claim_version
 publish = versions.publish
 check_exports_to_keep = versions.check_exports_to_keep
 prune_versions = versions.prune_versions
+copy_version = versions.copy_version
 remove_stale_temp_dirs = versions.remove_stale_temp_dirs
 
 

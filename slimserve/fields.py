@@ -113,6 +113,14 @@ def section(cls):
     return dataclasses.field(default_factory=cls, metadata={"section": True})
 
 
+def given_flags():
+    """A field (not a flag) that `from_flags` fills with the names of the flags the command
+    line gave (absl's `present`: typed, or read from a --flagfile), so a config can tell a
+    value given at its default from one left unset. None for a config built in code."""
+    return dataclasses.field(default=None, compare=False, repr=False,
+                             metadata={"given": True})
+
+
 def flag_name(field):
     return field.metadata.get("flag") or field.name
 
@@ -257,6 +265,9 @@ def _build(cls, flag_values, overrides):
     for field in dataclasses.fields(cls):
         if field.name in overrides:
             values[field.name] = overrides[field.name]
+        elif field.metadata.get("given"):
+            values[field.name] = frozenset(
+                flag_name(f) for _, f in walk(cls) if flag_values[flag_name(f)].present)
         elif field.metadata.get("section"):
             values[field.name] = _build(field.default_factory, flag_values, {})
         elif field.metadata.get("option"):
@@ -299,3 +310,49 @@ def flag_lines(config):
         else:
             lines.append("--%s=%s" % (name, value))
     return lines
+
+
+_TRUE, _FALSE = ("true", "t", "1", "yes"), ("false", "f", "0", "no")
+
+
+def parse_flag_lines(cls, lines, source):
+    """{field path: value} of a flagfile's `--name=value` lines (`--name` / `--noname` for
+    booleans; blank lines and `#` comments skipped) for the flags of `cls`; every value is
+    checked against its field's bound and choices. A line that is not one of `cls`'s flags,
+    or a value that does not parse, is a UserError naming `source` and the line."""
+    by_name = {flag_name(f): (path, f) for path, f in walk(cls)}
+    found = {}
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = "%s:%d" % (source, number)
+        name, sep, text = line[2:].partition("=") if line.startswith("--") else ("", "", "")
+        negated = not sep and name.startswith("no") and name[2:] in by_name and \
+            by_name[name[2:]][1].metadata["kind"] is bool
+        if negated:
+            name = name[2:]
+        if name not in by_name:
+            raise errors.UserError("%s: %r is not a flag of this command" % (where, line))
+        path, field = by_name[name]
+        kind = field.metadata["kind"]
+        try:
+            if kind is bool:
+                if sep and text.lower() not in _TRUE + _FALSE:
+                    raise ValueError(text)
+                value = (not negated) if not sep else text.lower() in _TRUE
+            elif not sep:
+                raise ValueError("no value")
+            elif kind is list:
+                item = field.metadata.get("item", str)
+                value = tuple(item(v) for v in text.split(",") if v != "")
+            else:
+                value = kind(text)
+        except ValueError:
+            raise errors.UserError("%s: %r: not a valid value of --%s" % (where, line, name)) \
+                from None
+        message = violation(field, value)
+        if message:
+            raise errors.UserError("%s: %s" % (where, message))
+        found[path] = value
+    return found

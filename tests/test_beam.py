@@ -204,3 +204,26 @@ def test_remote_class_names_are_checked_as_local_ones(digits_dir, tmp_path):
         with pytest.raises(dataset.DatasetError, match=r"class name 'bell\\x07' from folder "
                                                        r".*contains control character"):
             beam_dataset.read_input(path)
+
+
+def test_grouped_split_is_the_same_on_beam(digits_dir, tmp_path):
+    """--group_regex is part of the shared plan: Beam keeps the same groups whole, with
+    the same records and the same dataset_info.json (groups included)."""
+    root = tmp_path / "images"
+    for label in ("0", "5"):
+        names = sorted(os.listdir(os.path.join(digits_dir, label)))[:24]
+        for index, name in enumerate(names):
+            folder = root / label / ("camera_%d" % (index // 4))
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy(os.path.join(digits_dir, label, name), folder)
+    settings = dict(validation_fraction=0.34, train_shards=2, validation_shards=1, seed=SEED,
+                    group_regex="^[^/]+/([^/]+)/")
+    local, beam = str(tmp_path / "local"), str(tmp_path / "beam")
+    local_info = dataset.build_dataset(str(root), local, show_progress=False, **settings)
+    beam_info = beam_dataset.build_dataset(str(root), beam,
+                                           beam_cli.pipeline_options("DirectRunner"),
+                                           **settings)
+    assert beam_info == local_info
+    assert beam_info["groups"] == {"group_regex": "^[^/]+/([^/]+)/", "train": 4,
+                                   "validation": 2}
+    assert records_by_shard(beam) == records_by_shard(local)

@@ -246,3 +246,24 @@ def test_an_output_that_is_a_folder_fails_before_any_inference(export_dir, digit
                        ".*missing does not exist"):
         bulk_predict.check_settings(str(tmp_path / "x.jsonl"),
                                     str(tmp_path / "missing" / "log"), 32)
+
+
+def test_folder_names_that_are_not_the_model_classes_get_no_accuracy(export_dir, digits_dir,
+                                                                      tmp_path):
+    """Digits filed under words ("four", "seven"): the predictions are written, but no
+    accuracy is reported (it was 0.0), and the command says which folders are not classes."""
+    root = tmp_path / "words"
+    for label, word in (("4", "four"), ("7", "seven")):
+        (root / word).mkdir(parents=True)
+        for name in sorted(os.listdir(os.path.join(digits_dir, label)))[:3]:
+            shutil.copy(os.path.join(digits_dir, label, name), root / word / name)
+    output = tmp_path / "preds.jsonl"
+    out = run_command("slimserve.cli.predict", "--model_base_path", os.path.dirname(export_dir),
+                      "--input", root, "--output", output, "--noprogress")
+    assert out.code == 0, out.output[-3000:]
+    assert len(read_rows(str(output))) == 6
+    assert '"accuracy"' not in out.stdout
+    assert ("slimserve-predict: no accuracy: no folder name (true label) is a class of the "
+            "model: four, seven; its classes are 0, 1, 2, 3, 4, 5, 6, 7, 8, 9.") in out.stderr
+    summary = json.loads((tmp_path / "preds.jsonl.summary.json").read_text())
+    assert "accuracy" not in summary and summary["not_classes"] == ["four", "seven"]

@@ -188,3 +188,77 @@ def test_a_refused_batch_is_split_until_the_bad_image_is_alone(server, files):
             np.testing.assert_allclose([p for _, _, p in result.top_k],
                                        [p for _, _, p in expected.top_k], rtol=1e-6)
     client.close()
+
+
+def _labelled_folder(root, layout):
+    """layout: {folder name: [(file name, bytes)]}."""
+    for label, entries in layout.items():
+        (root / label).mkdir(parents=True)
+        for name, data in entries:
+            (root / label / name).write_bytes(data)
+    return str(root)
+
+
+def test_accuracy_through_the_server_with_recall_matrix_and_bad_files_named(server,
+                                                                            tmp_path):
+    png = _image("red", "PNG")
+    folder = _labelled_folder(tmp_path / "held_out", {
+        "red": [("r1.png", png), ("r2.jpg", _image("red", "JPEG"))],
+        "green": [("g1.png", _image("green", "PNG")), ("g2.png", png)],  # g2 is red: wrong
+        "blue": [("b1.bmp", _image("blue", "BMP")), ("notes.txt", b"not an image\n"),
+                 ("cut.png", png[:len(png) // 2])]})
+    target = "--server=127.0.0.1:%d" % server.port
+    picture, summary = tmp_path / "confusion.png", tmp_path / "summary.json"
+    out = run_command("slimserve.cli.client", "accuracy", target, "--model_name=colours",
+                      "--batch_size=4", "--noprogress", "--confusion_matrix=%s" % picture,
+                      "--summary=%s" % summary, folder)
+    assert out.code == 0, out.output[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "7 images: 5 answered, 2 errors"
+    assert lines[1] == "accuracy 0.8000 (4 of 5 labelled images)"
+    assert lines[2:4] == ["per-class recall:", "  class      recall  support"]
+    recall = {line.split()[0]: line.split()[1:] for line in lines[4:7]}
+    assert recall == {"blue": ["1.0000", "1"], "green": ["0.5000", "2"],
+                      "red": ["1.0000", "2"]}
+    assert lines[7] == "confusion matrix (rows: true class, columns: predicted):"
+    assert lines[9].split() == ["0", "blue", "1", ".", "."]
+    assert lines[10].split() == ["1", "green", ".", "1", "1"]
+    # The files that got no answer are named and skipped, in the shared words.
+    skipped = {line.split(": error: ")[0]: line.split(": error: ")[1]
+               for line in out.stderr.splitlines() if ": error: " in line}
+    assert skipped[os.path.join(folder, "blue", "notes.txt")] == (
+        "not a JPEG, PNG, GIF or BMP image (the formats the model decodes) (skipped)")
+    assert skipped[os.path.join(folder, "blue", "cut.png")].startswith(
+        "the server refused it: INVALID_ARGUMENT")
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = json.loads(summary.read_text())
+    assert written["accuracy"] == 0.8 and written["confusion_matrix"] == [
+        [1, 0, 0], [0, 1, 1], [0, 0, 2]]
+    # A CSV of path,label scores the same way.
+    listed = tmp_path / "list.csv"
+    listed.write_text("path,label\nheld_out/red/r1.png,red\nheld_out/green/g2.png,green\n")
+    from_csv = run_command("slimserve.cli.client", "accuracy", target, "--model_name=colours",
+                           "--noprogress", str(listed))
+    assert "accuracy 0.5000 (1 of 2 labelled images)" in from_csv.stdout
+
+
+def test_folder_names_that_are_not_classes_get_no_accuracy(server, tmp_path):
+    """Folders named in another language than the model's classes: said, no accuracy
+    (it would be 0.0, every image counted wrong)."""
+    folder = _labelled_folder(tmp_path / "french", {
+        "rouge": [("r.png", _image("red", "PNG"))], "vert": [("v.png", _image("green", "PNG"))]})
+    out = run_command("slimserve.cli.client", "accuracy", "--server=127.0.0.1:%d" % server.port,
+                      "--model_name=colours", "--noprogress", folder)
+    assert out.code == 1
+    assert "accuracy" not in out.stdout.replace("no accuracy", "")
+    assert out.stderr.strip().splitlines()[-1] == (
+        "slimserve-client: no accuracy: no folder name (true label) is a class of the model: "
+        "rouge, vert; its classes are blue, green, red. Accuracy would count every such image "
+        "as wrong, so none is reported: name the folders (or the CSV's labels) as the "
+        "model's classes")
+    partly = _labelled_folder(tmp_path / "partly", {
+        "red": [("r.png", _image("red", "PNG"))], "vert": [("v.png", _image("green", "PNG"))]})
+    out = run_command("slimserve.cli.client", "accuracy", "--server=127.0.0.1:%d" % server.port,
+                      "--model_name=colours", "--noprogress", partly)
+    assert out.code == 1 and "1 of 2 folder names (true labels) are not classes of the " \
+        "model: vert" in out.stderr

@@ -13,6 +13,8 @@ from absl import flags
 
 from slimserve import errors
 from slimserve import fields
+from slimserve.estimator import nets
+from slimserve.estimator import recipes
 from slimserve.estimator import train_config
 from slimserve.testing import commands
 from tests.helpers import ROOT
@@ -116,3 +118,59 @@ def test_flags_txt_gives_the_run_config_back(tmp_path):
 def test_repository_flagfiles_are_valid_train_configs(path):
     config = _train_config("--flagfile=%s" % path, "--data_dir=d", "--model_dir=m")
     assert config.model.model_name
+
+
+# The repository's readable flagfile of each installed recipe.
+RECIPE_FLAGFILES = {"finetune": "own_images_finetune.flags",
+                    "scratch": "own_images_scratch.flags"}
+
+
+def test_installed_recipes_are_the_repository_flagfiles():
+    assert sorted(recipes.FILES) == sorted(RECIPE_FLAGFILES)
+    for name, flagfile in RECIPE_FLAGFILES.items():
+        installed = recipes.path(name)
+        assert os.path.dirname(installed) == os.path.dirname(recipes.__file__)
+        with open(installed, "rb") as a, open(os.path.join(ROOT, "configs", flagfile),
+                                               "rb") as b:
+            assert a.read() == b.read(), name
+        # Each recipe is a valid config by itself.
+        assert recipes.settings(train_config.TrainConfig, name)
+
+
+def test_recipe_fills_only_what_the_command_line_did_not_give():
+    scratch = _train_config("--data_dir=d", "--model_dir=m", "--recipe=auto",
+                            "--max_steps=2000", "--learning_rate=0.01")
+    applied, line = recipes.apply(scratch)
+    assert line.startswith("recipe auto: scratch (no --checkpoint_path)")
+    assert "given, so kept: --max_steps, --learning_rate" in line
+    # Given at its default value (0.01) still wins over the recipe's 3e-3.
+    assert applied.model.learning_rate == 0.01 and applied.run.max_steps == 2000
+    assert applied.model.optimizer == "adam" and not applied.input.random_flip
+    assert applied.model.freeze_scopes == () == applied.model.checkpoint_exclude_scopes
+    # With a checkpoint the same command takes the fine-tuning route.
+    tuned, line = recipes.apply(_train_config("--data_dir=d", "--model_dir=m",
+                                              "--recipe=auto", "--checkpoint_path=c"))
+    assert line.startswith("recipe auto: finetune (--checkpoint_path given)")
+    assert tuned.model.checkpoint_exclude_scopes == ("resnet_v1_50/logits",)
+    # Another net: the recipe's scopes become that net's.
+    other, _ = recipes.apply(_train_config("--data_dir=d", "--model_dir=m", "--recipe=auto",
+                                           "--checkpoint_path=c", "--model_name=resnet_v2_50"))
+    assert other.model.checkpoint_exclude_scopes == ("resnet_v2_50/logits",)
+    assert all(s.startswith("resnet_v2_50/") for s in other.model.freeze_scopes)
+    assert len(other.model.freeze_scopes) == len(tuned.model.freeze_scopes)
+    # A library user's config: what differs from the defaults counts as given.
+    config = train_config.TrainConfig(recipe="scratch")
+    config.data.data_dir, config.run.model_dir = "d", "m"
+    config.model.learning_rate = 0.05
+    applied, _ = recipes.apply(config)
+    assert applied.model.learning_rate == 0.05 and applied.model.optimizer == "adam"
+
+
+def test_recipe_and_model_name_choices_are_listed_in_help():
+    text = commands.help_text("slimserve.cli.train")
+    assert "--recipe: <auto|finetune|scratch>: Training recipe" in text
+    assert "--model_name: <resnet_v1_101|" in text
+    defined = commands.flag_values("slimserve.cli.train")
+    assert defined["model_name"].parser.enum_values == sorted(nets.NETS)
+    with pytest.raises(flags.IllegalFlagValueError):
+        _train_config("--data_dir=d", "--model_dir=m", "--recipe=fast")

@@ -208,3 +208,100 @@ def test_max_shorter_side_shrinks_large_images_only(tmp_path, digits_dir):
             name = feature[schema.FILENAME].bytes_list.value[0].decode()
             assert stored == open(source / "digits" / name, "rb").read()
     assert sizes == {"photos": {(48, 64)}, "digits": {(32, 32)}}
+
+
+def _grouped_tree(root, digits_dir, groups_per_class=6, per_group=5):
+    """<class>/<source_NN>/<image>: three digit classes whose images come in sources;
+    the sources' names are shared across classes (a source holds several classes, as a
+    patient has healthy and sick tissue), so the split must keep a source whole across
+    classes too."""
+    for label in ("1", "4", "7"):
+        names = sorted(os.listdir(os.path.join(digits_dir, label)))
+        for index in range(groups_per_class * per_group):
+            group = "source_%02d" % (index // per_group + (3 if label == "7" else 0))
+            folder = os.path.join(root, label, group)
+            os.makedirs(folder, exist_ok=True)
+            shutil.copy(os.path.join(digits_dir, label, names[index]), folder)
+    return str(root)
+
+
+def _groups_of(data_dir, split, root):
+    """{source folder: count} of a converted split, from the records' own file names."""
+    by_name = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            by_name[name] = os.path.basename(dirpath)
+    found = {}
+    for example in _records(data_dir, split):
+        name = example.features.feature[schema.FILENAME].bytes_list.value[0].decode()
+        found[by_name[name]] = found.get(by_name[name], 0) + 1
+    return found
+
+
+def _paths_of(data_dir, root):
+    """The validation records' images as paths relative to `root`."""
+    relative = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            relative[name] = os.path.relpath(os.path.join(dirpath, name), root)
+    return {relative[e.features.feature[schema.FILENAME].bytes_list.value[0].decode()]
+            for e in _records(data_dir, schema.VALIDATION)}
+
+
+def test_group_regex_keeps_each_group_in_one_split_stratified_and_seeded(tmp_path, digits_dir):
+    root = _grouped_tree(tmp_path / "images", digits_dir)
+    regex = "^[^/]+/([^/]+)/"
+    info = dataset.build_dataset(root, str(tmp_path / "grouped"), 0.34, seed=3,
+                                 train_shards=2, validation_shards=1, show_progress=False,
+                                 group_regex=regex)
+    train = _groups_of(str(tmp_path / "grouped"), schema.TRAIN, root)
+    validation = _groups_of(str(tmp_path / "grouped"), schema.VALIDATION, root)
+    assert train and validation and not set(train) & set(validation)
+    # dataset_info.json says how the split was made.
+    on_disk = json.load(open(tmp_path / "grouped" / schema.INFO_FILE))
+    assert on_disk["groups"] == {"group_regex": regex, "train": len(train),
+                                 "validation": len(validation)} == info["groups"]
+    # Every class is in both splits, near the fraction (whole groups of 5 images each).
+    for label in ("1", "4", "7"):
+        held_out = info["splits"]["validation"]["per_class"][label]
+        assert 5 <= held_out <= 15, (label, held_out)
+    # The same seed gives the same split; another seed another one.
+    again = dataset.plan(root, 0.34, seed=3, group_regex=regex)
+    assert again == dataset.plan(root, 0.34, seed=3, group_regex=regex)
+    assert {i.path for i in again.items[schema.VALIDATION]} == {
+        os.path.join(root, name) for name in _paths_of(str(tmp_path / "grouped"), root)}
+    other = dataset.plan(root, 0.34, seed=4, group_regex=regex)
+    assert {i.path for i in again.items[schema.VALIDATION]} != {
+        i.path for i in other.items[schema.VALIDATION]}
+    # Per image, the same sources land on both sides (what the option prevents).
+    leaky = dataset.plan(root, 0.34, seed=3)
+    leaky_sources = [{os.path.basename(os.path.dirname(i.path)) for i in leaky.items[split]}
+                     for split in schema.SPLITS]
+    assert leaky_sources[0] & leaky_sources[1]
+
+
+def test_group_regex_refuses_ungrouped_images_bad_patterns_and_shared_groups(tmp_path,
+                                                                           digits_dir):
+    root = _grouped_tree(tmp_path / "images", digits_dir, groups_per_class=2)
+    loose = os.path.join(root, "4", "loose.png")
+    shutil.copy(os.path.join(digits_dir, "4", sorted(os.listdir(
+        os.path.join(digits_dir, "4")))[50]), loose)
+    with pytest.raises(dataset.DatasetError, match=r"finds no group in 1 of 31 paths "
+                       r"\(first: 4/loose\.png\)"):
+        dataset.plan(root, 0.3, group_regex="^[^/]+/([^/]+)/")
+    with pytest.raises(dataset.DatasetError, match="is not a regular expression"):
+        dataset.plan(root, 0.3, group_regex="([")
+    os.remove(loose)
+    # A separate validation input that shares a group with --input leaks: refused.
+    validation = _grouped_tree(tmp_path / "validation", digits_dir, groups_per_class=1)
+    with pytest.raises(dataset.DatasetError, match="in both --input and --validation_input "
+                       r"\(first: source_00"):
+        dataset.plan(root, validation_input=validation, group_regex="^[^/]+/([^/]+)/")
+    # A CSV's paths are matched as the CSV writes them.
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("path,label\n" + "".join(
+        "images/%s/%s/%s,%s\n" % (label, group, name, label)
+        for label in ("1", "4") for group in sorted(os.listdir(os.path.join(root, label)))
+        for name in sorted(os.listdir(os.path.join(root, label, group)))))
+    planned = dataset.plan(str(csv_path), 0.5, group_regex=r"(source_\d+)")
+    assert planned.groups["train"] + planned.groups["validation"] == 2

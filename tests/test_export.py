@@ -12,6 +12,7 @@ import tensorflow as tf
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
 from slimserve.estimator import splits
+from slimserve.estimator import training
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.export import writer
@@ -43,6 +44,36 @@ def test_final_and_best_exports_exist_with_assets(trained_run, export_dir):
     version = sorted(os.listdir(best))[-1]
     result = json.load(open(os.path.join(best, version, signatures.EXTRA_DIR, "eval_result.json")))
     assert 0.0 <= result["accuracy"] <= 1.0
+
+
+def test_a_checkpoint_both_exporters_want_is_exported_once_and_copied(trained_run,
+                                                                       export_dir):
+    """The run evaluates once (step 60), the final and the best export want the same
+    checkpoint: it is written and verified once, and the other version is a copy of it
+    (file for file, times included), not a second export."""
+    best = os.path.join(trained_run, "export", "best")
+    copy = os.path.join(best, sorted(os.listdir(best))[-1])
+    names = sorted(os.path.relpath(os.path.join(d, f), export_dir)
+                   for d, _, files in os.walk(export_dir) for f in files)
+    assert names == sorted(os.path.relpath(os.path.join(d, f), copy)
+                           for d, _, files in os.walk(copy) for f in files)
+    for name in names:
+        one, other = os.path.join(export_dir, name), os.path.join(copy, name)
+        assert open(one, "rb").read() == open(other, "rb").read(), name
+        assert os.stat(one).st_mtime == os.stat(other).st_mtime, name
+
+
+def test_run_summary_lists_only_exports_that_still_exist(tmp_path):
+    """export/best prunes old versions: the end-of-run summary names only those left."""
+    kept = tmp_path / "best" / "2"
+    kept.mkdir(parents=True)
+
+    class Pruning:  # an exporter as training.TrainResult reads one
+        name, refusal = "best", None
+        exported = [str(tmp_path / "best" / "1"), str(kept)]
+
+    result = training.TrainResult.of({"accuracy": 0.9}, [Pruning()], 1.0)
+    assert result.exported == [str(kept)]
 
 
 def test_export_carries_the_ema_weights(trained_run, export_dir):

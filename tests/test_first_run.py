@@ -167,3 +167,62 @@ def test_auto_gate_refuses_a_barely_trained_model_and_states_the_rule():
     # Two classes: chance is 0.5, the bar 0.65.
     with pytest.raises(blessing.ExportRefused, match=r"is not above 0\.6500"):
         blessing.check({"mean_per_class_accuracy": 0.6}, "auto", num_classes=2)
+
+
+def test_unset_checkpoint_cadence_follows_the_run_length():
+    """A fixed number of evaluations per run (--evaluations, 5): a longer run is not ten
+    times the evaluations of a short one; an explicit cadence, steps or seconds, wins."""
+    values = commands.flag_values("slimserve.cli.train")
+    values(["slimserve-train", "--data_dir=d", "--model_dir=m", "--max_steps=1000"])
+    config = fields.from_flags(train_config.TrainConfig, values)
+    assert config.run.checkpoint_steps() == 200
+    assert ("--save_checkpoints_steps=200 (--max_steps=1000 / --evaluations=5, rounded up)"
+            in config.derived_defaults()[1])
+    for args, steps in ((["--max_steps=301"], 61), (["--max_steps=300", "--evaluations=3"], 100),
+                        (["--save_checkpoints_steps=50"], 50),
+                        (["--save_checkpoints_secs=60"], None)):
+        values = commands.flag_values("slimserve.cli.train")
+        values(["slimserve-train", "--data_dir=d", "--model_dir=m"] + args)
+        assert fields.from_flags(train_config.TrainConfig, values).run.checkpoint_steps() \
+            == steps, args
+
+
+@pytest.mark.parametrize("how", [
+    ("--recipe=finetune",),
+    ("--flagfile=" + os.path.join(ROOT, "configs", "own_images_finetune.flags"),),
+    ("--freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1",
+     "--checkpoint_exclude_scopes=resnet_v1_50/logits")])
+def test_frozen_and_excluded_scopes_without_a_checkpoint_are_refused_from_any_folder(
+        how, digits_data, tmp_path, monkeypatch):
+    """The fine-tuning flagfile without --checkpoint_path froze conv1 and block1 at their
+    random values, silently: scopes that only mean something for restored weights are
+    refused now, before anything is written, from any folder (the recipe is installed
+    with the package)."""
+    monkeypatch.chdir(tmp_path)
+    model_dir = tmp_path / "run"
+    out = run_command("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
+                      model_dir, "--image_size", IMAGE_SIZE, "--max_steps", 2, *how)
+    assert out.code == 1, out.output[-2000:]
+    if len(how) == 2:
+        assert ("slimserve-train: --freeze_scopes=resnet_v1_50/conv1,resnet_v1_50/block1 and "
+                "--checkpoint_exclude_scopes=resnet_v1_50/logits need a checkpoint to "
+                "restore, but no --checkpoint_path is given: frozen layers would keep their "
+                "random initial values. Pass --checkpoint_path, or leave them out"
+                ) in out.stderr, out.stderr[-2000:]
+    else:
+        assert ("slimserve-train: --checkpoint_exclude_scopes=resnet_v1_50/logits needs a "
+                "checkpoint to restore, but no --checkpoint_path is given. Pass "
+                "--checkpoint_path, or leave it out") in out.stderr, out.stderr[-2000:]
+    assert "--recipe=auto" in out.stderr and "Traceback" not in out.stderr
+    assert not os.path.exists(model_dir)
+
+
+def test_a_mid_run_refusal_is_not_a_warning_and_names_no_recipe():
+    """The step-50 "barely learnt ... (configs/own_images_finetune.flags)" warning appeared
+    while a recipe was in use: the gate's advice names no recipe, and an evaluation
+    before the last is logged as not exported yet, without the advice."""
+    barely = {"accuracy": 0.2, "mean_per_class_accuracy": 0.2, "global_step": 60}
+    with pytest.raises(blessing.ExportRefused) as refused:
+        blessing.check(barely, "auto", num_classes=10)
+    assert "configs/" not in str(refused.value) and "recipe" not in str(refused.value)
+    assert "train longer (--max_steps)" in str(refused.value)

@@ -78,4 +78,4 @@ def predict_beam(model_base_path, input_spec, output, options,
                                           if "_prediction_log" in row else [])
                  | "WriteLogs" >> beam.io.WriteToTFRecord(prediction_log,
                                                           shard_name_template=""))
-    return bulk_report.summarize_file(output)
+    return bulk_report.summarize_file(output, image_classifier.read_model_labels(path))

@@ -100,7 +100,7 @@ def predict_local(model_base_path, input_spec, output, model_version=None, batch
               read_threads, read_ahead, max_file_bytes)
     finally:
         classifier.close()
-    return bulk_report.summarize_file(output)
+    return bulk_report.summarize_file(output, classifier.class_names)
 
 
 def score(classifier, refs, output, batch_size=32, prediction_log=None, show_progress=False,

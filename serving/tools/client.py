@@ -187,6 +187,11 @@ class Client:
                     self._names = None
             return self._names
 
+    def known_class_names(self):
+        """Every class name in id order once `class_names` learned them, else None."""
+        with self._names_lock:
+            return self._names
+
     def predict_files(self, paths, batch_size=8, concurrency=1,
                       signature_name=conventions.DEFAULT_SIGNATURE, top_k=3):
         """Yields one FileResult per path, in order, as answers arrive: `batch_size`

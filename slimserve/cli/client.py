@@ -5,7 +5,12 @@
     slimserve-client classify --server=localhost:8500 photo1.jpg --json
     slimserve-client metadata --server=localhost:8500
     slimserve-client status   --server=localhost:8500
+    slimserve-client accuracy --server=localhost:8500 held_out/ --confusion_matrix=cm.png
 
+accuracy scores a labelled folder (class sub-folders) or CSV of path,label through the
+server: accuracy, per-class recall and the confusion matrix; files that cannot be sent or
+are refused are named and skipped; labels that are not classes of the model get no
+accuracy, saying which (serving/tools/served_accuracy.py).
 predict prints each file's top classes by name; a file that cannot be read, is no image,
 or is refused by the server gets an error line naming it (the others are still answered)
 and the command then exits 1. With no server at --server it says so in one line within
@@ -51,10 +56,16 @@ class ClientConfig:
     json: bool = fields.option(False, "Print JSON instead of text.")
     image_key: str = fields.option(conventions.ENCODED,
                                    "tf.Example key of the image for classify.")
+    summary: str = fields.option(
+        None, "accuracy: also write the summary (counts, accuracy, per-class precision and "
+        "recall, confusion matrix) as JSON here.")
+    confusion_matrix: str = fields.option(
+        None, "accuracy: also draw the confusion matrix as a PNG here (needs matplotlib).")
+    progress: bool = fields.option(True, "accuracy: show a progress bar.")
 
 
 CONFIG = ClientConfig
-COMMANDS = ("predict", "classify", "metadata", "status")
+COMMANDS = ("predict", "classify", "metadata", "status", "accuracy")
 
 
 def _top(pairs, k):
@@ -112,13 +123,45 @@ def _classify(config, client, client_lib, files):
     return failed
 
 
+def _accuracy(config, client, spec):
+    """Scores the labelled folder or CSV `spec` through the server and prints the report;
+    UserError when its labels are not the model's classes (no accuracy then)."""
+    from slimserve.serving.tools import bulk_predict  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import bulk_report  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import served_accuracy  # pylint: disable=import-outside-toplevel
+    bulk_predict.check_output(config.summary, "--summary")
+    bulk_predict.check_output(config.confusion_matrix, "--confusion_matrix")
+    scored = served_accuracy.score(
+        client, spec, config.batch_size, config.concurrency,
+        config.signature_name or conventions.DEFAULT_SIGNATURE, config.progress,
+        on_error=lambda path, why: print("%s: error: %s (skipped)" % (path, why),
+                                         file=sys.stderr, flush=True))
+    summary = scored.summary
+    if config.summary:
+        bulk_report.write_summary(summary, config.summary, config.confusion_matrix)
+    elif config.confusion_matrix and "confusion_matrix" in summary:
+        bulk_report.plot_confusion(summary, config.confusion_matrix)
+    if config.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    if "no_accuracy" in summary:
+        if not config.json:
+            print(bulk_report.format_text(summary)[0])
+        raise errors.UserError("no accuracy: " + summary["no_accuracy"])
+    if not config.json:
+        print("\n".join(bulk_report.format_text(summary)))
+
+
 def main(config, args):
-    """args: the subcommand, then the image files (predict, classify)."""
+    """args: the subcommand, then the image files (predict, classify) or the labelled
+    folder or CSV (accuracy)."""
     if not args or args[0] not in COMMANDS:
         sys.exit("usage: slimserve-client {%s} [files...] [flags]" % "|".join(COMMANDS))
     command, files = args[0], args[1:]
     if command in ("predict", "classify") and not files:
         sys.exit("slimserve-client %s: name at least one image file" % command)
+    if command == "accuracy" and len(files) != 1:
+        sys.exit("slimserve-client accuracy: name one labelled folder (class sub-folders) "
+                 "or CSV of path,label")
     import grpc  # pylint: disable=import-outside-toplevel
     from google.protobuf import json_format  # pylint: disable=import-outside-toplevel
     # TensorFlow comes with the client library: imported only once a server answered.
@@ -132,6 +175,8 @@ def main(config, args):
             failed = _predict(config, client, files)
         elif command == "classify":
             failed = _classify(config, client, client_lib, files)
+        elif command == "accuracy":
+            _accuracy(config, client, files[0])
         elif command == "metadata":
             print(json.dumps({name: json_format.MessageToDict(sig)
                               for name, sig in client.metadata().items()}, indent=2))

@@ -1,6 +1,7 @@
 """slimserve-convert: convert an image folder (or CSV of path,label) to sharded TFRecords.
 
     slimserve-convert --input=images/ --output_dir=data/ --validation_fraction=0.2
+    slimserve-convert --input=images/ --output_dir=data/ --group_regex='^[^/]+/([^/]+)/'
     slimserve-convert --input=gs://b/images --output_dir=gs://b/data --runner=DataflowRunner \
         --beam_options="--project=P --region=R --temp_location=gs://b/tmp"
 
@@ -35,14 +36,15 @@ def main(config, args):
             options.input, options.output_dir, pipeline, options.validation_fraction,
             options.validation_input, options.train_shards, options.validation_shards,
             options.seed, options.jpeg_quality, options.overwrite, options.max_shorter_side,
-            max_file_bytes=options.max_file_bytes, force_unlock=options.force_unlock)
+            max_file_bytes=options.max_file_bytes, force_unlock=options.force_unlock,
+            group_regex=options.group_regex)
     else:
         info = dataset.build_dataset(
             options.input, options.output_dir, options.validation_fraction,
             options.validation_input, options.train_shards, options.validation_shards,
             options.seed, options.num_workers, options.jpeg_quality, options.overwrite,
             options.progress, options.max_shorter_side, max_file_bytes=options.max_file_bytes,
-            force_unlock=options.force_unlock)
+            force_unlock=options.force_unlock, group_regex=options.group_regex)
     for line in dataset.format_summary(info, options.output_dir):
         print(line)
 

@@ -7,6 +7,7 @@
 """
 import dataclasses
 import json
+import sys
 
 from slimserve import fields
 from slimserve.cli.beam import BeamOptions
@@ -80,6 +81,8 @@ def main(config, args):
     brief = {k: summary[k] for k in ("images", "predicted", "errors", "accuracy")
              if k in summary}
     print("wrote %s: %s" % (config.output, json.dumps(brief)))
+    if "no_accuracy" in summary:  # the predictions are written; only the score is not
+        print("slimserve-predict: no accuracy: " + summary["no_accuracy"], file=sys.stderr)
 
 
 def run():
