@@ -1,0 +1,261 @@
+"""Drift detection: the statistics on real digits embeddings (known shifts detected, no
+shift flagged at most at the stated rate), the streaming reader over real request logs,
+slimserve-drift's command-line contract (one line per statistic, `drift: yes|no` last,
+exit 0 either way and 1 on an error, report.json's keys), its candidates for the
+labelling page, and its files whole or absent on a full disk or a kill -9."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from slimserve.serving.observability import drift
+from slimserve.serving.observability import image_stats
+from slimserve.serving.observability import reference as reference_lib
+from slimserve.serving.tools import drift_reader
+from slimserve.serving.tools import label_candidates
+from slimserve.testing import digits_traffic
+from slimserve.testing.commands import run_command
+from tests.drift_fixtures import (MODEL, SHIFTED, UNSHIFTED, drift_logs,  # noqa: F401
+                                  drift_model, drift_parts, traffic_images)
+from tests.helpers import ROOT
+
+WINDOW = 60
+
+
+@pytest.fixture(scope="module")
+def measured(drift_model, traffic_images):
+    """(Prepared reference, VersionModel, features of the traffic images and of the same
+    images inverted, thickened and rotated: {kind: Window of every image})."""
+    version_dir = os.path.join(drift_model, "1")
+    reference = reference_lib.read(version_dir)
+    model = drift_reader.VersionModel(version_dir)
+
+    def window(images):
+        return drift.Window(model.probabilities(images),
+                            np.stack([image_stats.statistics(i) for i in images]),
+                            model.embeddings(images))
+
+    plain = [data for data, _ in traffic_images]
+    windows = {"none": window(plain)}
+    for kind in ("invert", "thick", "rotate"):
+        windows[kind] = window([digits_traffic.shift(data, kind) for data in plain[:WINDOW]])
+    model.close()
+    return reference, windows
+
+
+def _rows(window, rows):
+    return drift.Window(window.probabilities[rows], window.image_stats[rows],
+                        window.embeddings[rows])
+
+
+def test_known_shifts_are_detected_by_the_statistics_that_see_them(measured):
+    reference, windows = measured
+    prepared = drift.Prepared(reference, drift.DriftOptions(window_size=WINDOW))
+    for kind in ("invert", "thick", "rotate"):
+        result = prepared.evaluate(windows[kind])
+        assert result.drift, kind
+        assert result.statistics["embeddings"].drift, kind
+        assert result.statistics["embeddings"].p_value <= result.statistics["embeddings"].level
+    inverted = prepared.evaluate(windows["invert"]).statistics["image_stats"]
+    assert inverted.drift and inverted.detail.startswith("brightness")
+    # Traffic of two classes only: the predicted classes' shares move.
+    plain = windows["none"]
+    few = np.flatnonzero(plain.probabilities.argmax(axis=1) < 2)[:WINDOW]
+    prior = prepared.evaluate(_rows(plain, few)).statistics["class_prior"]
+    assert prior.drift and prior.value > 0.5
+
+
+def test_no_shift_is_flagged_at_most_at_the_stated_rate(measured):
+    """Windows of held-out digits (never fitted, never in the reference): alpha is 5% per
+    window; 40 seeded windows may exceed it by chance only a little."""
+    reference, windows = measured
+    plain = windows["none"]
+    options = drift.DriftOptions(window_size=WINDOW, alpha=0.05, permutations=200)
+    prepared = drift.Prepared(reference, options)
+    rng = np.random.RandomState(1)
+    flagged, p_values = 0, []
+    for _ in range(40):
+        result = prepared.evaluate(_rows(plain, rng.choice(plain.size, WINDOW, replace=False)))
+        flagged += result.drift
+        p_values += [s.p_value for s in result.statistics.values()]
+    assert flagged <= 4, "%d of 40 windows flagged" % flagged
+    assert set(drift.STATISTICS) == set(result.statistics)
+    assert 0.3 < np.median(p_values) < 0.7  # p-values of a true null spread over (0, 1]
+
+
+def test_thresholds_hold_their_level_on_a_null_of_known_distribution():
+    """Reference and windows from one distribution: each statistic flags about its level."""
+    rng = np.random.RandomState(0)
+    size = 200
+    probabilities = rng.dirichlet(np.ones(4), size)
+    reference = reference_lib.Reference(["a", "b", "c", "d"], probabilities,
+                                        rng.normal(size=(size, 5)), None,
+                                        rng.normal(size=(size, 8)))
+    options = drift.DriftOptions(window_size=40, alpha=0.2, permutations=99)
+    prepared = drift.Prepared(reference, options)
+    counts = dict.fromkeys(drift.STATISTICS, 0)
+    trials = 60
+    for _ in range(trials):
+        window = drift.Window(rng.dirichlet(np.ones(4), 40), rng.normal(size=(40, 5)),
+                              rng.normal(size=(40, 8)))
+        for name, stat in prepared.evaluate(window).statistics.items():
+            counts[name] += stat.drift
+            assert stat.drift == (stat.value > stat.threshold) == (stat.p_value <= stat.level)
+    for name, count in counts.items():  # level 0.05 each: 3 expected of 60
+        assert count <= 9, (name, count)
+
+
+def test_too_few_permutations_for_the_level_are_refused():
+    with pytest.raises(Exception, match="--permutations=20 cannot reach"):
+        drift.DriftOptions(alpha=0.05, permutations=20).validate()
+
+
+def test_the_reader_streams_windows_of_logged_traffic(drift_model, drift_logs):
+    counts = drift_reader.count_versions(drift_logs["shifted"])
+    assert counts.newest == (MODEL, 1)
+    assert counts.images[(MODEL, 1)] == UNSHIFTED + SHIFTED
+    version_dir = os.path.join(drift_model, "1")
+    reference = reference_lib.read(version_dir)
+    model = drift_reader.VersionModel(version_dir)
+    run = drift_reader.DriftRun(reference, drift.DriftOptions(window_size=WINDOW),
+                                model, max_windows=4, max_candidates=20, thumbnails=5)
+    for served in drift_reader.served_images(drift_logs["shifted"], MODEL, 1, skip=40):
+        run.add(served)
+    outcome = run.finish()
+    model.close()
+    read = UNSHIFTED + SHIFTED - 40
+    assert outcome.images == read and outcome.evaluated == read // WINDOW
+    assert len(outcome.windows) == 4  # only the newest kept
+    assert outcome.windows[-1].last == read - 1
+    assert outcome.drift and not outcome.windows[0].result.drift
+    first, earlier = outcome.since()  # the first window holding shifted images
+    assert first.first == (UNSHIFTED - 40) // WINDOW * WINDOW and not earlier
+    assert len(outcome.candidates) == 20 and len(outcome.atypical) == 5
+    # The most atypical are the inverted ones (logged after the first UNSHIFTED).
+    assert all(c.index >= UNSHIFTED for c, _ in outcome.atypical)
+    assert all(png.startswith(b"\x89PNG") for _, png in outcome.atypical)
+
+
+def _drift(*args):
+    return run_command("slimserve.cli.drift", "--noprogress", "--window_size", WINDOW, *args)
+
+
+def test_cli_says_drift_yes_on_shifted_traffic_with_report_and_candidates(
+        drift_model, drift_logs, tmp_path):
+    result = _drift("--logs", drift_logs["shifted"], "--model_base_path", drift_model,
+                    "--output_dir", tmp_path / "out", "--max_candidates", 50)
+    assert result.code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == list(drift.STATISTICS) + ["drift"]
+    assert lines[-1] == "drift: yes"
+    assert "embeddings: " in lines[3] and "DRIFT" in lines[3] and "threshold" in lines[3]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["drift"] is True
+    assert set(report["statistics"]) == set(drift.STATISTICS)
+    for stat in report["statistics"].values():
+        assert {"value", "threshold", "p_value", "level", "drift"} <= set(stat)
+    assert report["model_name"] == MODEL and report["model_version"] == 1
+    assert report["since"]["first_image"] >= UNSHIFTED - WINDOW
+    assert report["windows_evaluated"] == (UNSHIFTED + SHIFTED) // WINDOW
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "drift: yes" in html and "data:image/png;base64," in html and "<script" not in html
+    candidates, skipped = label_candidates.read_candidates(
+        str(tmp_path / "out" / "candidates.jsonl"), 100)
+    assert len(candidates) == 50 and not skipped
+    assert sum(c.index >= UNSHIFTED for c in candidates) >= 45  # the shifted ones first
+    assert any("atypical" in reason for reason in candidates[0].reasons)
+
+
+def test_cli_says_drift_no_on_held_out_traffic(drift_model, drift_logs, tmp_path):
+    result = _drift("--logs", drift_logs["unshifted"], "--model_base_path", drift_model,
+                    "--output_dir", tmp_path)
+    assert result.code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == "drift: no"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["drift"] is False and report["since"] is None
+
+
+def test_a_version_without_reference_serves_and_drift_says_so(drift_model, drift_logs,
+                                                               tmp_path):
+    import shutil  # pylint: disable=import-outside-toplevel
+    base = tmp_path / "old"
+    shutil.copytree(drift_model, base)
+    shutil.rmtree(reference_lib.directory(str(base / "1")))
+    result = _drift("--logs", drift_logs["unshifted"], "--model_base_path", base,
+                    "--output_dir", tmp_path / "out")
+    assert result.code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "drift: no" and len(lines) == 5
+    assert all("has no reference" in line for line in lines[:4])
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["drift"] is False and report["reference"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--logs", "{missing}/*"], "no request log files match"),
+    (["--model_version", "7"], "--model_version 7: no image prediction"),
+    (["--compare_version", "9"], "--compare_version: --model_base_path"),
+    (["--permutations", "30"], "--permutations=30 cannot reach"),
+])
+def test_cli_errors_are_one_line_and_exit_1(drift_model, drift_logs, tmp_path, args,
+                                             message):
+    base = ["--logs", drift_logs["unshifted"], "--model_base_path", drift_model]
+    args = [a.format(missing=tmp_path) for a in args]
+    result = _drift(*(base + args))
+    assert result.code == 1, result.output
+    assert message in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("slimserve-drift: ")
+    assert "Traceback" not in result.output
+
+
+_LIMITED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from slimserve.cli import drift
+sys.argv = ["slimserve-drift"] + sys.argv[1:]
+drift.run()
+"""
+
+_KILLED = """
+import json, os, signal, sys
+real_dump = json.dump
+def dump(obj, handle, **kwargs):  # dies half way through writing report.json
+    handle.write(json.dumps(obj)[:100]); handle.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+json.dump = dump
+from slimserve.cli import drift
+sys.argv = ["slimserve-drift"] + sys.argv[1:]
+drift.run()
+"""
+
+
+@pytest.mark.parametrize("script, code", [(_LIMITED, 1), (_KILLED, -signal.SIGKILL)])
+def test_report_files_are_whole_or_absent_on_a_full_disk_or_a_kill(
+        drift_model, drift_logs, tmp_path, script, code):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text('{"drift": false, "previous": true}\n')
+    process = subprocess.run(
+        [sys.executable, "-c", script, "--logs", drift_logs["shifted"], "--model_base_path",
+         drift_model, "--output_dir", str(out), "--window_size", str(WINDOW),
+         "--noprogress"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert process.returncode == code, process.stderr[-3000:]
+    if code == 1:
+        assert process.stderr.strip().splitlines()[-1].startswith("slimserve-drift: ")
+        assert "File too large" in process.stderr and "Traceback" not in process.stderr
+    assert json.loads((out / "report.json").read_text()) == {"drift": False, "previous": True}
+    for name in os.listdir(out):  # anything else is whole: never a torn file under its name
+        if name.startswith("."):
+            continue
+        if name.endswith(".json"):
+            json.loads((out / name).read_text())
+        elif name.endswith(".jsonl"):
+            for line in (out / name).read_text().splitlines():
+                json.loads(line)
+        elif name.endswith(".html"):
+            assert (out / name).read_text().rstrip().endswith("</html>")
