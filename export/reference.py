@@ -48,17 +48,18 @@ def sample_split(data_dir, split, count, seed=0, examples_per_class=0):
     for path in splits.split_files(data_dir, split):
         for record in tf.compat.v1.io.tf_record_iterator(path):
             seen += 1
-            slot = len(sample) if len(sample) < count else rng.randrange(seen)
             feature = tf.train.Example.FromString(record).features.feature
             encoded = feature[schema.ENCODED].bytes_list.value[0]
             label = int(feature[schema.LABEL].int64_list.value[0])
             kept = examples.setdefault(label, [])
             if len(kept) < examples_per_class:
                 kept.append(encoded)
-            if slot == len(sample):
+            if len(sample) < count:
                 sample.append((encoded, label))
-            elif slot < count:
-                sample[slot] = (encoded, label)
+            else:
+                slot = rng.randrange(seen)  # reservoir: each record kept with count/seen
+                if slot < count:
+                    sample[slot] = (encoded, label)
     return sample, examples
 
 
