@@ -115,15 +115,15 @@ def test_too_few_permutations_for_the_level_are_refused():
 
 
 def test_the_reader_streams_windows_of_logged_traffic(drift_model, drift_logs):
-    counts = drift_reader.count_versions(drift_logs["shifted"])
-    assert counts.newest == (MODEL, 1)
-    assert counts.images[(MODEL, 1)] == UNSHIFTED + SHIFTED
+    selection = drift_reader.select(drift_logs["shifted"])
+    assert (selection.model, selection.version) == (MODEL, 1)
+    assert selection.images == UNSHIFTED + SHIFTED and len(selection.files) == 1
     version_dir = os.path.join(drift_model, "1")
     reference = reference_lib.read(version_dir)
     model = drift_reader.VersionModel(version_dir)
     run = drift_reader.DriftRun(reference, drift.DriftOptions(window_size=WINDOW),
                                 model, max_windows=4, max_candidates=20, thumbnails=5)
-    for served in drift_reader.served_images(drift_logs["shifted"], MODEL, 1, skip=40):
+    for served in drift_reader.served_images(selection, skip=40):
         run.add(served)
     outcome = run.finish()
     model.close()
@@ -259,3 +259,49 @@ def test_report_files_are_whole_or_absent_on_a_full_disk_or_a_kill(
                 json.loads(line)
         elif name.endswith(".html"):
             assert (out / name).read_text().rstrip().endswith("</html>")
+
+
+def test_the_server_checks_its_own_logs_status_page_and_gauges(drift_model, traffic_images,
+                                                              tmp_path):
+    """An in-process server with request logging: on demand (the monitor's thread, as
+    SIGUSR2 asks it), it tests its own logged traffic; the status page and the Prometheus
+    gauges show the result per model and version."""
+    import urllib.request  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.observability import drift_monitor  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.observability import metrics  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.testing.servers import serve_in_process, wait_until  # pylint: disable=import-outside-toplevel
+    prefix = str(tmp_path / "logs" / MODEL)
+    server = serve_in_process(
+        [model_config.ServedModel(MODEL, drift_model,
+                                  logging_config=digits_traffic.logging_config(prefix))],
+        enable_model_warmup=False, drift_check_interval_seconds=0, drift_window_size=WINDOW,
+        drift_max_images=2 * WINDOW)
+    try:
+        page = lambda: urllib.request.urlopen(  # noqa: E731
+            "http://127.0.0.1:%d/" % server.rest_api_port, timeout=30).read().decode()
+        assert "not checked yet" in page()
+        client = client_lib.Client("127.0.0.1:%d" % server.port, model_name=MODEL, retries=0)
+        for data, _ in traffic_images[:2 * WINDOW]:
+            client.predict_images([data])
+        assert server.check_drift()[(MODEL, 1)].drift is False
+        for data, _ in traffic_images[2 * WINDOW:3 * WINDOW]:
+            client.predict_images([digits_traffic.shift(data, "invert")])
+        client.close()
+        server.check_drift(wait=False)  # what SIGUSR2 does
+        result = wait_until(lambda: server.drift.results()[(MODEL, 1)].drift, 120, 0.1,
+                            "the monitor's check")
+        assert result is True
+        latest = server.drift.results()[(MODEL, 1)]
+        assert latest.images == 2 * WINDOW and latest.statistics["embeddings"].drift
+        html = page()
+        assert '<table id="drift">' in html and '<td class="drift">yes</td>' in html
+        families = metrics.families_from_text(server.metrics.render())
+        gauge = families[drift_monitor.DRIFT]
+        assert [(s.labels, s.value) for s in gauge.samples] == [
+            ({"model_name": MODEL, "model_version": "1"}, 1.0)]
+        thresholds = families[drift_monitor.DRIFT_THRESHOLD].samples
+        assert sorted(s.labels["statistic"] for s in thresholds) == sorted(drift.STATISTICS)
+    finally:
+        server.stop()

@@ -131,7 +131,9 @@ class RestApi:
                                 in self._service.status(name)]
             except errors.ServingError:
                 models[name] = []
-        return status_page.render(models, self._service.window.summary())
+        monitor = getattr(self._service, "drift", None)
+        return status_page.render(models, self._service.window.summary(),
+                                  drift=monitor.results() if monitor is not None else None)
 
     def _dispatch(self, method, path, body):
         malformed = errors.invalid("Malformed request: %s %s", method, path)

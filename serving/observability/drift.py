@@ -64,7 +64,8 @@ class DriftOptions:
     max_reference: int = fields.option(
         512, "Reference images compared at most (a seeded subsample of a larger reference).",
         fields.Bound(10, 100_000))
-    seed: int = fields.option(0, "Seed of the permutations and subsamples.")
+    seed: int = fields.option(0, "Seed of the permutations and subsamples.",
+                              fields.Bound(0, fields.INT32_MAX - 1))
 
     @property
     def step(self):

@@ -1,10 +1,8 @@
 """Served traffic read back from request logs and tested for drift, in bounded memory.
 
-    counts = drift_reader.count_versions(pattern)                   # pass 1: cheap
-    model, version = counts.newest                                  # or the caller's
+    selection = drift_reader.select(pattern, max_images=limit)     # pass 1: counts only
     run = drift_reader.DriftRun(reference, options, VersionModel(version_dir), ...)
-    for served in drift_reader.served_images(pattern, model, version,
-                                             skip=counts.images[(model, version)] - limit):
+    for served in drift_reader.served_images(selection, skip=selection.images - limit):
         run.add(served)
     outcome = run.finish()                                          # DriftOutcome
 
@@ -16,8 +14,9 @@ version answered are compared with that version's reference: its confidence and 
 are in the logged responses; its embeddings are computed by running the version's own
 `embeddings` signature on the logged bytes (VersionModel), in batches.
 
-Memory is bounded whatever the logs' size: pass 1 only counts images per model and
-version; pass 2 skips all but the newest `limit` images of the version, keeps the
+Work and memory are bounded whatever the logs' size: pass 1 counts images per model and
+version in the newest files only, until the version has `limit` images; pass 2 reads
+those files and skips all but the newest `limit` images of the version, keeps the
 features of one window (`window_size` images, their bytes dropped once embedded), a
 summary of at most `max_windows` windows, and the best `max_candidates` candidates for
 labelling and `thumbnails` images for the report (label_candidates.Best).
@@ -26,6 +25,7 @@ import collections
 import dataclasses
 import hashlib
 import logging
+import os
 
 import numpy as np
 
@@ -54,15 +54,18 @@ class Served:
 
 
 @dataclasses.dataclass
-class VersionCounts:
-    """Pass 1: images per (model, version), and the version that answered last."""
-    images: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    newest: tuple = None  # (model name, version) of the newest image record
-    newest_time: int = -1
+class Selection:
+    """Pass 1: the model version to test and the log files that hold its newest images
+    (oldest first), how many, and what else the files read held."""
+    model: str = None
+    version: int = None
+    files: list = dataclasses.field(default_factory=list)  # [(path, read pattern)]
+    images: int = 0
+    seen: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     scan: label_candidates.Scan = dataclasses.field(default_factory=label_candidates.Scan)
 
     def versions_of(self, model):
-        return sorted(v for m, v in self.images if m == model)
+        return sorted(v for m, v in self.seen if m == model)
 
 
 def _image_count(log):
@@ -80,65 +83,91 @@ def _image_count(log):
     return len(proto.string_val)
 
 
-def count_versions(pattern, model_name=None, progress=None):
-    """VersionCounts of the logs `pattern` matches (a UserError when none do)."""
-    counts = VersionCounts()
-    for _, _, log in label_candidates.iter_indexed(pattern, counts.scan, progress):
-        spec = log.log_metadata.model_spec
-        if model_name is not None and spec.name != model_name:
-            continue
-        count = _image_count(log)
-        if not count or not spec.HasField("version"):
-            continue
-        key = (label_candidates._text(spec.name), int(spec.version.value))  # pylint: disable=protected-access
-        counts.images[key] += count
-        stamp = int(log.log_metadata.timestamp_secs)
-        if stamp >= counts.newest_time:
-            counts.newest, counts.newest_time = key, stamp
-    return counts
+def _key(log):
+    spec = log.log_metadata.model_spec
+    if not spec.HasField("version"):
+        return None
+    return label_candidates._text(spec.name), int(spec.version.value)  # pylint: disable=protected-access
 
 
-def served_images(pattern, model_name, version, skip=0, scan=None, progress=None):
-    """Served of every image `version` of `model_name` answered in the logs, in order,
+def select(pattern, model_name=None, version=None, max_images=None, progress=None):
+    """The Selection of the logs `pattern` matches (a UserError when none do): files are
+    counted newest first (their names start with their opening time) until the version
+    to test has `max_images` images (None: all files). That version is `version` of
+    `model_name`, each by default the newest record's."""
+    selection = Selection()
+    files = sorted(label_candidates.log_files(pattern),
+                   key=lambda f: os.path.basename(label_candidates.published_name(f[0])))
+    for path, read_pattern in reversed(files):
+        per_key = collections.Counter()
+        newest = None
+        for _, _, log in label_candidates.iter_indexed(read_pattern, selection.scan,
+                                                       progress):
+            key = _key(log)
+            count = _image_count(log)
+            if key is None or not count or (model_name is not None and key[0] != model_name):
+                continue
+            per_key[key] += count
+            if version is None or key[1] == version:
+                newest = key  # records of a file are in time order: the last is newest
+        selection.scan.files -= 1  # counted again when pass 2 reads it
+        selection.seen.update(per_key)
+        if selection.model is None and newest is not None:
+            selection.model, selection.version = newest
+        target = (selection.model, selection.version)
+        if selection.model is not None and per_key[target]:
+            selection.files.insert(0, (path, read_pattern))
+            selection.images += per_key[target]
+            if max_images is not None and selection.images >= max_images:
+                break
+    return selection
+
+
+def served_images(selection, skip=0, scan=None, progress=None):
+    """Served of every image of the selected version in the selected files, in order,
     after the first `skip` of them; what is skipped is counted in `scan`."""
     scan = scan if scan is not None else label_candidates.Scan()
     seen = 0
-    for path, index, log in label_candidates.iter_indexed(pattern, scan, progress):
-        spec = log.log_metadata.model_spec
-        if label_candidates._text(spec.name) != model_name or \
-                not spec.HasField("version") or spec.version.value != version:  # pylint: disable=protected-access
-            scan.skipped["other model or version"] += 1
-            continue
-        count = _image_count(log)
-        if seen + count <= skip:
-            seen += count
-            continue
-        try:
-            images = label_candidates.logged_images(log)
-        except label_candidates.Malformed as why:
-            scan.skipped["malformed record (%s)" % why] += 1
-            continue
-        if images is None:
-            scan.skipped["not an image prediction"] += 1
-            continue
-        for item, logged in enumerate(images):
-            seen += 1
-            if seen <= skip:
+    for _, read_pattern in selection.files:
+        for path, index, log in label_candidates.iter_indexed(read_pattern, scan):
+            if _key(log) != (selection.model, selection.version):
+                scan.skipped["other model or version"] += 1
                 continue
-            scan.images += 1
-            scan.note_class(logged)
-            yield Served(path, index, item, int(log.log_metadata.timestamp_secs),
-                         logged.probabilities, logged.image,
-                         label_candidates.candidate_of(path, index, item, log, logged,
-                                                       [(0.0, "")]))
+            count = _image_count(log)
+            if seen + count <= skip:
+                seen += count
+                continue
+            try:
+                images = label_candidates.logged_images(log)
+            except label_candidates.Malformed as why:
+                scan.skipped["malformed record (%s)" % why] += 1
+                continue
+            if images is None:
+                scan.skipped["not an image prediction"] += 1
+                continue
+            for item, logged in enumerate(images):
+                seen += 1
+                if seen <= skip:
+                    continue
+                scan.images += 1
+                scan.note_class(logged)
+                if progress is not None:
+                    progress(1)
+                yield Served(path, index, item, int(log.log_metadata.timestamp_secs),
+                             logged.probabilities, logged.image,
+                             label_candidates.candidate_of(path, index, item, log, logged,
+                                                           [(0.0, "")]))
 
 
 class VersionModel:
-    """A version loaded from disk (serving's Servable, as a server loads it), to run its
-    `embeddings` and `serving_default` signatures on logged images."""
+    """A version loaded from disk (serving's Servable, as a server loads it), or one a
+    server has loaded (`servable`: the caller holds it), to run its `embeddings` and
+    `serving_default` signatures on logged images."""
 
-    def __init__(self, version_dir, session_config=None):
-        self.servable = servable_lib.Servable.load(version_dir, session_config)
+    def __init__(self, version_dir=None, session_config=None, servable=None):
+        self._owned = servable is None
+        self.servable = servable if servable is not None else \
+            servable_lib.Servable.load(version_dir, session_config)
         self.has_embeddings = conventions.EMBEDDINGS_SIGNATURE in self.servable.signatures
 
     def _run(self, signature, output, images):
@@ -172,7 +201,8 @@ class VersionModel:
         return self._run(conventions.DEFAULT_SIGNATURE, conventions.PROBABILITIES, images)
 
     def close(self):
-        self.servable.retire()
+        if self._owned:
+            self.servable.retire()
 
 
 @dataclasses.dataclass
@@ -233,9 +263,12 @@ class DriftRun:
     def __init__(self, reference, options, model=None, other=None, max_windows=100,
                  max_candidates=200, thumbnails=24, max_pixels=image_stats.DEFAULT_MAX_PIXELS,
                  max_bytes=image_stats.DEFAULT_MAX_BYTES, batch=BATCH):
-        """reference: the version's Reference; options: drift.DriftOptions; model: its
-        VersionModel (embeddings), other: another version's (disagreement), or None."""
-        self.prepared = drift.Prepared(reference, options)
+        """reference: the version's Reference (or a drift.Prepared of it); options:
+        drift.DriftOptions; model: its VersionModel (embeddings), other: another
+        version's (disagreement), or None."""
+        self.prepared = reference if isinstance(reference, drift.Prepared) else \
+            drift.Prepared(reference, options)
+        reference = self.prepared.reference
         self.options = options
         self.model = model if model is not None and model.has_embeddings else None
         self.other = other

@@ -369,6 +369,8 @@ class Best:
 
     def offer(self, candidate, digest, payload=None):
         """Keeps `candidate` if it ranks; returns whether it was kept."""
+        if self.limit <= 0:
+            return False
         kept = self._digests.get(digest)
         if kept is not None:
             if kept >= candidate.score:

@@ -46,8 +46,9 @@ class DriftConfig:
         None, "Another version of the model to run on the same images: candidates where "
         "the two disagree rank higher.", fields.Bound(0, fields.INT64_MAX), kind=int)
     max_images: int = fields.option(
-        20000, "The newest served images of the version tested at most (earlier ones are "
-        "counted, not read).", fields.Bound(10, 10_000_000))
+        20000, "The newest served images of the version tested at most (log files are "
+        "read newest first until they hold that many; older ones are not read).",
+        fields.Bound(10, 10_000_000))
     max_windows: int = fields.option(
         100, "Windows kept in the report (the newest).", fields.Bound(1, 100_000))
     max_candidates: int = fields.option(
@@ -74,23 +75,20 @@ def _bar(config, description, total=None):
                 disable=not config.progress, file=sys.stderr, leave=False)
 
 
-def _choose(config, counts):
-    """(model name, version) to test."""
-    if not counts.images:
-        raise errors.UserError("--logs %s: no image predictions%s (records read: %s)" % (
-            config.logs, " of model %s" % config.model_name if config.model_name else "",
-            counts.scan.describe()))
-    model = config.model_name or counts.newest[0]
-    if config.model_version is None:
-        if config.model_name and counts.newest[0] != model:
-            return model, max(counts.versions_of(model))
-        return model, counts.newest[1]
-    if (model, config.model_version) not in counts.images:
+def _check_selection(config, selection):
+    """UserError unless pass 1 found images of the version to test."""
+    if selection.images:
+        return
+    if config.model_version is not None and selection.seen:
+        model = config.model_name or next(iter(selection.seen))[0]
         raise errors.UserError("--model_version %d: no image prediction of model %s by that "
                                "version in --logs (logged versions: %s)" % (
                                    config.model_version, model,
-                                   counts.versions_of(model) or "none"))
-    return model, config.model_version
+                                   ", ".join(map(str, selection.versions_of(model)))
+                                   or "none"))
+    raise errors.UserError("--logs %s: no image predictions%s (records read: %s)" % (
+        config.logs, " of model %s" % config.model_name if config.model_name else "",
+        selection.scan.describe()))
 
 
 def _version_dir(config, version, flag):
@@ -112,19 +110,22 @@ def analyse(config):
     options = config.drift.validate()
     label_candidates.log_files(config.logs)  # none match: one line before any progress
     with _bar(config, "counting logged images") as bar:
-        counts = drift_reader.count_versions(config.logs, config.model_name, bar.update)
-    model_name, version = _choose(config, counts)
+        selection = drift_reader.select(config.logs, config.model_name, config.model_version,
+                                        config.max_images, bar.update)
+    _check_selection(config, selection)
+    model_name, version = selection.model, selection.version
     version_dir = _version_dir(config, version, "the logged version")
     other_dir = None
     if config.compare_version is not None:
         other_dir = _version_dir(config, config.compare_version, "--compare_version")
     reference = reference_lib.read(version_dir)
-    available = counts.images[(model_name, version)]
+    available = selection.images
     context = {"model_name": model_name, "model_version": version,
                "version_dir": version_dir, "logs": config.logs, "reference": reference,
-               "options": dataclasses.asdict(options), "scan": counts.scan,
-               "notes": ["%d image(s) of version %d logged; the newest %d tested" % (
-                   available, version, min(available, config.max_images))]}
+               "options": dataclasses.asdict(options), "scan": selection.scan,
+               "notes": ["the newest %d image(s) of version %d tested, from %d log file(s)"
+                         % (min(available, config.max_images), version,
+                            len(selection.files))]}
     if reference is None:
         why = ("version %d has no reference (no %s): exported before references were "
                "recorded; export it again to compare its traffic"
@@ -141,10 +142,8 @@ def analyse(config):
         scan = label_candidates.Scan()
         with _bar(config, "testing served images", min(available, config.max_images)) as bar:
             for served in drift_reader.served_images(
-                    config.logs, model_name, version, max(0, available - config.max_images),
-                    scan):
+                    selection, max(0, available - config.max_images), scan, bar.update):
                 run.add(served)
-                bar.update(1)
         outcome = run.finish()
     finally:
         model.close()
