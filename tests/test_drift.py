@@ -305,3 +305,77 @@ def test_the_server_checks_its_own_logs_status_page_and_gauges(drift_model, traf
         assert sorted(s.labels["statistic"] for s in thresholds) == sorted(drift.STATISTICS)
     finally:
         server.stop()
+
+
+def test_the_distances_are_the_textbook_ones():
+    """KS as scipy computes it (ties included), total variation, and the biased MMD^2."""
+    from scipy import stats  # pylint: disable=import-outside-toplevel
+    rng = np.random.RandomState(3)
+    values = np.round(rng.normal(size=90), 1)  # many ties
+    masks = np.zeros((1, 90), bool)
+    masks[0, 60:] = True
+    assert drift._ks_many(values, masks)[0] == pytest.approx(  # pylint: disable=protected-access
+        stats.ks_2samp(values[:60], values[60:]).statistic)
+    classes = rng.randint(0, 4, 90)
+    shares = [np.bincount(part, minlength=4) / len(part) for part in (classes[:60],
+                                                                      classes[60:])]
+    assert drift._tv_many(classes, 4, masks)[0] == pytest.approx(  # pylint: disable=protected-access
+        0.5 * np.abs(shares[0] - shares[1]).sum())
+    points = rng.normal(size=(90, 3))
+    kernel = np.exp(-drift._sq_distances(points, points))  # pylint: disable=protected-access
+    x, y = slice(60, 90), slice(0, 60)
+    expected = kernel[x, x].mean() + kernel[y, y].mean() - 2 * kernel[x, y].mean()
+    assert drift._mmd_many(kernel, masks)[0] == pytest.approx(expected)  # pylint: disable=protected-access
+
+
+def test_atypical_and_disagreement_scorers_rank_the_shifted_images(drift_model, drift_logs,
+                                                                   tmp_path):
+    """The labelling page's scorers on logged images: the most atypical images against the
+    reference, and where two versions disagree, are the shifted ones."""
+    version_dir = os.path.join(drift_model, "1")
+    reference = reference_lib.read(version_dir)
+    model = drift_reader.VersionModel(version_dir)
+    try:
+        atypical = label_candidates.Atypical(reference.embeddings, embed=model.embeddings)
+        # typical reference images score about 0.5, the shifted ones near 1
+        own = atypical.score_embeddings(reference.embeddings[:50])
+        assert 0.3 < np.median([s for s, _ in own]) < 0.6
+        found, scan = label_candidates.propose(drift_logs["shifted"], 20, scorers=[atypical])
+        assert scan.images == UNSHIFTED + SHIFTED
+        assert all(c.index >= UNSHIFTED for c in found)
+        assert found[0].score > 0.7 and found[0].reasons[0].startswith("atypical: ")
+        # A second version that also reads light-on-dark digits (it turns dark images
+        # over first): it agrees with version 1 on upright digits, not on inverted ones.
+        other = drift_reader.VersionModel(version_dir)
+
+        def robust(images):
+            return other.probabilities([
+                digits_traffic.shift(i, "invert") if image_stats.statistics(i)[3] < 0.5
+                else i for i in images])
+
+        disagreement = label_candidates.Disagreement(robust, 2, reference.class_names)
+        found, _ = label_candidates.propose(drift_logs["shifted"], 20,
+                                            scorers=[disagreement])
+        other.close()
+        assert sum(c.index >= UNSHIFTED for c in found) == 20
+        assert any("versions disagree" in c.reasons[0] for c in found)
+    finally:
+        model.close()
+
+
+def test_slimserve_label_offers_drifts_candidates_with_the_reference_examples(
+        drift_model, drift_logs, tmp_path):
+    from slimserve.cli import label as label_cli  # pylint: disable=import-outside-toplevel
+    from slimserve import fields  # pylint: disable=import-outside-toplevel
+    result = _drift("--logs", drift_logs["shifted"], "--model_base_path", drift_model,
+                    "--output_dir", tmp_path / "drift", "--max_candidates", 30)
+    assert result.code == 0, result.output
+    page, _, notes = label_cli.prepare(fields.check(label_cli.LabelConfig(
+        candidates=str(tmp_path / "drift" / "candidates.jsonl"),
+        output_dir=str(tmp_path / "labels"), model_base_path=drift_model, progress=False)))
+    assert len(page.items) == 30
+    assert any("atypical" in reason for item in page.items.values()
+               for reason in item.candidate.reasons)
+    assert "assets.extra/reference/examples" in notes[2]
+    assert sorted(page.examples) == list(range(10))
+    assert all(len(shown) == 3 for shown in page.examples.values())
