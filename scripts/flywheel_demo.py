@@ -221,6 +221,9 @@ def main(argv=None):
     parser.add_argument("--work_dir", default=os.path.join(ROOT, "demo_out", "flywheel"),
                         help="Where every artefact goes (removed first with --fresh).")
     parser.add_argument("--fresh", action="store_true", help="Delete --work_dir first.")
+    parser.add_argument("--keep_first_model", action="store_true",
+                        help="Reuse the first model an earlier run left in --work_dir (its "
+                        "conversion and training stages are skipped).")
     parser.add_argument("--shift", default="invert", help="How the traffic shifts: invert, "
                         "thick, rotate or blur (slimserve/testing/digits_traffic.py).")
     parser.add_argument("--plain_requests", type=int, default=240,
@@ -264,21 +267,25 @@ def main(argv=None):
     digits_traffic.write_tree(parts["train"], path("train_images"))
     digits_traffic.write_tree([(p, c) for p, c in parts["train"] if int(c) < 5],
                               path("source_images"))
-    demo.stage("convert the training part", demo.python(
-        "slimserve.cli.convert", "--input", path("train_images"), "--output_dir",
-        path("data"), "--overwrite", *bar), timings)
-    demo.stage("convert the source task (digits 0-4)", demo.python(
-        "slimserve.cli.convert", "--input", path("source_images"), "--output_dir",
-        path("source_data"), "--overwrite", "--noprogress"), timings)
-    for folder in ("source_run", "run", "models", "logs", "drift", "labels_proposed",
-                   "labels_random", "retrain_proposed", "retrain_random", "after_logs"):
+    reuse = args.keep_first_model and os.path.isdir(path("run", "export", "final"))
+    for folder in ["models", "logs", "drift", "labels_proposed", "labels_random",
+                   "retrain_proposed", "retrain_random"] + \
+            ([] if reuse else ["source_run", "run"]):
         shutil.rmtree(path(folder), ignore_errors=True)
-    demo.stage("source checkpoint", demo.python(
-        "slimserve.cli.train", "--flagfile", args.source_flags, "--data_dir",
-        path("source_data"), "--model_dir", path("source_run")), timings)
-    demo.stage("fine-tune on all digits + export (with its reference)", demo.python(
-        "slimserve.cli.train", "--flagfile", args.finetune_flags, "--data_dir", path("data"),
-        "--model_dir", path("run"), "--checkpoint_path", path("source_run")), timings)
+    if not reuse:
+        demo.stage("convert the training part", demo.python(
+            "slimserve.cli.convert", "--input", path("train_images"), "--output_dir",
+            path("data"), "--overwrite", *bar), timings)
+        demo.stage("convert the source task (digits 0-4)", demo.python(
+            "slimserve.cli.convert", "--input", path("source_images"), "--output_dir",
+            path("source_data"), "--overwrite", "--noprogress"), timings)
+        demo.stage("source checkpoint", demo.python(
+            "slimserve.cli.train", "--flagfile", args.source_flags, "--data_dir",
+            path("source_data"), "--model_dir", path("source_run")), timings)
+        demo.stage("fine-tune on all digits + export (with its reference)", demo.python(
+            "slimserve.cli.train", "--flagfile", args.finetune_flags, "--data_dir",
+            path("data"), "--model_dir", path("run"), "--checkpoint_path",
+            path("source_run")), timings)
     export_base = path("run", "export", "final")
     first = sorted(os.listdir(export_base))[-1]
     base = path("models", MODEL)
@@ -339,12 +346,11 @@ def main(argv=None):
 
         # --- retrain on each, check, publish (the proposed ones) --------------------------
         retrain_flags = ["--flagfile", args.finetune_flags, "--data_dir", path("data"),
-                         "--logs", logs_glob, "--max_steps", args.retrain_steps,
+                         "--model_config_file", config_file, "--logs", logs_glob, "--max_steps", args.retrain_steps,
                          "--decay_steps", args.retrain_steps, "--save_checkpoints_steps",
                          args.retrain_steps, "--exports_to_keep", 1, *bar]
         codes = {}
-        for key, extra in (("proposed", ["--model_config_file", config_file, "--promote"]),
-                           ("random", ["--nopublish"])):
+        for key, extra in (("proposed", ["--promote"]), ("random", ["--nopublish"])):
             name = "retrain on the %s labels" % key
             argv = demo.python("slimserve.cli.retrain", "--labels_dir", path("labels_" + key),
                                "--model_dir", path("retrain_" + key), *retrain_flags, *extra)

@@ -264,17 +264,25 @@ def low_confidence(logged):
     return 1.0 - confidence, "low confidence: top-1 probability %.3f" % confidence
 
 
+def _unit(embeddings):
+    embeddings = np.asarray(embeddings, np.float64)
+    return embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+
+
 class Atypical:
     """How unlike the reference an image is: the mean distance from its embedding to its
     `k` nearest reference embeddings, d, against the same measure of each reference
     image to the others (leave one out), whose median is m: score d / (d + m), 0.5 for
     an image as typical as the reference's own, towards 1 for one far from all of them.
+    Embeddings are compared at unit length (a ResNet's pooled features of some confident
+    images are many times longer than the rest: direction, not length, says what the
+    image looks like to the model).
 
     embed: encoded images -> [n, D] embeddings (the version's `embeddings` signature),
     needed only when called on a LoggedImage; `score_embeddings` takes them computed."""
 
     def __init__(self, reference_embeddings, embed=None, k=5):
-        reference = np.asarray(reference_embeddings, np.float64)
+        reference = _unit(reference_embeddings)
         if reference.ndim != 2 or len(reference) < 2:
             raise ValueError("the reference needs at least 2 embeddings")
         self.reference = reference
@@ -294,7 +302,7 @@ class Atypical:
 
     def distances(self, embeddings):
         """[n] mean distance of each embedding to its k nearest reference embeddings."""
-        return self._knn(self._distances(np.asarray(embeddings, np.float64)))
+        return self._knn(self._distances(_unit(embeddings)))
 
     def score_embeddings(self, embeddings):
         """[(score, reason)] of each embedding row."""

@@ -283,7 +283,8 @@ def main(config, args):
                           "path": serving.version_dir},
               "new_labels": {"train": info["splits"]["train"]["count"],
                              "holdout": info["splits"]["validation"]["count"]},
-              "eval": result.eval_result, "candidate": candidate}
+              "eval": {k: float(v) for k, v in (result.eval_result or {}).items()},
+              "candidate": candidate}
     if candidate is None:
         reasons = ["no export: %s" % ("; ".join(result.refused.values()) or
                                       "the run exported nothing")]
