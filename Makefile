@@ -5,8 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-input bench-train bench-serve bench-bulk bench-warmup soak clean \
-	tfserving-suite
+.PHONY: demo flywheel-demo test bench bench-input bench-train bench-serve bench-bulk \
+	bench-warmup bench-flywheel soak clean tfserving-suite
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
@@ -17,6 +17,10 @@ $(STAMP): setup.py
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py --fresh
+
+# The data flywheel on digits: shifted traffic, drift, labelling, retraining, promotion.
+flywheel-demo: $(STAMP)
+	$(PY) scripts/flywheel_demo.py --fresh
 
 # The suite over pytest-xdist workers, costliest tests first (tests/scheduling.py).
 TEST_WORKERS ?= 2
@@ -39,6 +43,10 @@ bench-bulk: $(STAMP)
 
 bench-warmup: $(STAMP)
 	$(PY) benchmarks/bench_warmup.py
+
+# Drift's false alarm rate and detection delay (the flywheel demo's model when it exists).
+bench-flywheel: $(STAMP)
+	$(PY) benchmarks/bench_flywheel.py $(if $(wildcard demo_out/flywheel/models),--demo_dir demo_out/flywheel)
 
 # The 10-minute hostile soak of docs/reliability.md (not part of `make test`): a server
 # under prlimit, hostile and valid traffic, config edits, version churn, a full log disk.

@@ -82,5 +82,7 @@ setup(
         "slimserve-tune-batching=slimserve.cli.tune_batching:run",
         "slimserve-predict=slimserve.cli.predict:run",
         "slimserve-label=slimserve.cli.label:run",
+        "slimserve-drift=slimserve.cli.drift:run",
+        "slimserve-retrain=slimserve.cli.retrain:run",
     ]},
 )

@@ -252,6 +252,16 @@ def predictions_from_logits(logits, class_names):
     }
 
 
+def embeddings_from_logits(logits):
+    """[B, D] penultimate features of the net that produced `logits` (nets.logits_input,
+    spatial dimensions averaged away: 1x1 after slim's global pool): what the export's
+    `embeddings` signature serves and drift detection compares."""
+    features = nets.logits_input(logits)
+    if features.shape.rank == 4:
+        features = tf.reduce_mean(features, axis=[1, 2])
+    return tf.identity(tf.cast(features, tf.float32), name="embeddings")
+
+
 def ema_saver(config):
     """A Saver that loads EMA weights into the model variables (eval and export)."""
     if not config.moving_average_decay:
@@ -277,9 +287,11 @@ def model_fn(features, labels, mode, params, config=None):
     predictions = predictions_from_logits(logits, model_config.class_names)
 
     if mode == tf.estimator.ModeKeys.PREDICT:
+        served = dict(predictions)
+        predictions["embeddings"] = embeddings_from_logits(logits)
         return tf.estimator.EstimatorSpec(
             mode, predictions=predictions,
-            export_outputs={"serving_default": tf.estimator.export.PredictOutput(predictions)},
+            export_outputs={"serving_default": tf.estimator.export.PredictOutput(served)},
             scaffold=tf.compat.v1.train.Scaffold(saver=ema_saver(model_config)))
 
     labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)

@@ -106,6 +106,27 @@ NETS = {spec.name: spec for spec in (
     + [_vgg16()])}
 
 
+# Ops between the logits layer's matmul/convolution and the logits a net returns.
+_LOGITS_PASS_THROUGH = ("Squeeze", "BiasAdd", "Identity", "Reshape", "Cast", "Add", "AddV2")
+
+
+def logits_input(logits):
+    """The tensor the logits layer reads: the penultimate features (slim's ResNets: the
+    global average pool before `logits`, [B, 1, 1, D]; vgg_16: fc7's output), found by
+    walking back from the logits through the layer's bias add to its convolution (or
+    matmul). Works for every net here without naming scopes, so replica and name scopes
+    do not matter."""
+    op = logits.op
+    for _ in range(8):
+        if op.type in ("Conv2D", "MatMul"):
+            return op.inputs[0]
+        if op.type not in _LOGITS_PASS_THROUGH:
+            break
+        op = op.inputs[0].op
+    raise ValueError("cannot find the layer under the logits %s (reached a %s op)"
+                     % (logits.name, op.type))
+
+
 def get_net(name):
     try:
         return NETS[name]

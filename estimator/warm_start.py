@@ -8,7 +8,8 @@
 - `warm_start_plan`: each model variable restored, excluded (--checkpoint_exclude_scopes)
   or missing (an error unless --ignore_missing_vars); a shape mismatch names the scope
   to exclude. BatchNorm moving statistics are restored too; an EMA shadow the checkpoint
-  lacks starts from its base variable.
+  lacks starts from its base variable, and a variable the checkpoint holds only as its
+  EMA shadow (an exported version's variables/variables) starts from the average.
 - `warm_start`: through variable initialisers, so it only happens when `model_dir` has no
   checkpoint yet (a resume wins).
 """
@@ -142,6 +143,10 @@ def warm_start_plan(checkpoint_path, variables, exclude_scopes, ignore_missing_v
         source = name
         if source not in shapes and name.endswith(shadow) and name[:-len(shadow)] in shapes:
             source = name[:-len(shadow)]
+        elif source not in shapes and name + shadow in shapes:
+            # An export of a run with --moving_average_decay (a SavedModel's
+            # variables/variables) holds the averaged weights under the shadow names.
+            source = name + shadow
         if source not in shapes:
             table["missing"].append(name)
             continue

@@ -21,6 +21,7 @@ from slimserve import errors
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
 from slimserve.export import blessing
+from slimserve.export import reference as reference_lib
 from slimserve.export import signatures
 from slimserve.export import tflite as tflite_lib
 from slimserve.export import verify as verify_lib
@@ -48,7 +49,8 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
                       data_dir=None, eval_split="validation", verify=True,
                       num_verify_images=8, eval_result=None, warmup_from=None,
                       max_image_pixels=None, tflite=False,
-                      tflite_min_agreement=tflite_lib.DEFAULT_MIN_AGREEMENT):
+                      tflite_min_agreement=tflite_lib.DEFAULT_MIN_AGREEMENT,
+                      reference_images=reference_lib.DEFAULT_IMAGES):
     """Writes, verifies and publishes one version; returns its directory.
 
     warmup_from: a glob of request logs to build the warmup requests from (validation
@@ -56,7 +58,9 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
     run's serving setting (the largest image, by its header, the exported graph will
     decode). tflite: also write model.tflite of predict_images (export/tflite.py), whose
     classes must agree with the SavedModel's on `tflite_min_agreement` of the
-    verification images."""
+    verification images. reference_images: the size of the sample of `eval_split` images
+    the version's reference records (export/reference.py; 0: none), with the training
+    split's class counts and example images per class."""
     if max_image_pixels:
         preprocess = dataclasses.replace(preprocess, max_image_pixels=max_image_pixels)
     config = model.ModelConfig(**estimator.params)
@@ -73,6 +77,11 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
         if tflite:
             report.update(tflite_lib.check_parity(temp_dir, images, preprocess,
                                                   tflite_min_agreement))
+        if reference_images and data_dir:
+            report.update(reference_lib.write_reference(temp_dir, data_dir, eval_split,
+                                                        reference_images))
+        elif reference_images:
+            logging.warning("no reference recorded: no data set to take it from")
         if report:
             logging.info("export verified: %s", report)
         if eval_result is not None:

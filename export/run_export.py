@@ -23,6 +23,7 @@ from slimserve.estimator import preprocessing
 from slimserve.estimator import run_files
 from slimserve.export import blessing
 from slimserve.export import exporters
+from slimserve.export import reference as reference_lib
 from slimserve.export import tflite as tflite_lib
 from slimserve.export import writer
 
@@ -59,6 +60,11 @@ class ExportConfig:
         "beside the SavedModel, for --prefer_tflite_model; its classes must agree with the "
         "SavedModel's on the verification images (the warmup file then holds "
         "predict_images requests only, which both models answer).")
+    reference_images: int = fields.option(
+        reference_lib.DEFAULT_IMAGES, "Validation images the version's reference samples "
+        "(assets.extra/reference/: confidences, image statistics, embeddings, for drift "
+        "detection; with class priors and example images); 0: no reference.",
+        fields.Bound(0, reference_lib.MAX_IMAGES))
     tflite_min_agreement: float = fields.option(
         tflite_lib.DEFAULT_MIN_AGREEMENT, "With --tflite: the least fraction of verification "
         "images on which model.tflite and the SavedModel must give the same class.",
@@ -99,5 +105,6 @@ def export_run(config):
             config.data_dir or run.get("data_dir"), config.eval_split or run.get("eval_split"),
             config.verify, config.num_verify_images, warmup_from=config.warmup_from,
             max_image_pixels=config.max_image_pixels, tflite=config.tflite,
-            tflite_min_agreement=config.tflite_min_agreement)
+            tflite_min_agreement=config.tflite_min_agreement,
+            reference_images=config.reference_images)
     return ExportResult(path, gate, [os.path.join(export_base, name) for name in removed])

@@ -3,7 +3,8 @@
 Loads it exactly as the server will (serving's `Servable`: the `serve` tag, the
 signatures, the warmup replay) and checks each signature's method, inputs and outputs,
 that every warmup request runs, and, when given, that its probabilities equal
-`estimator.predict`'s on real images (max |dp| < tolerance). The same images then run
+`estimator.predict`'s on real images (max |dp| < tolerance) and that its `embeddings`
+signature answers finite [N, D] features, the same for an image alone as in a batch. The same images then run
 through the same signature with the server's --mixed_precision=bfloat16 session (the
 oneDNN bfloat16 rewrite): their agreement with float32 and max |dp| are recorded next to
 the float32 figures (informational: a low agreement does not stop the export, it tells
@@ -54,6 +55,32 @@ def _probabilities(servable, images, export_dir):
         raise ExportVerificationError("%s: %s" % (export_dir, error.message)) from None
 
 
+def check_embeddings(servable, images, export_dir):
+    """{"embedding_size"}: the `embeddings` signature answers [N, D] finite features for
+    the N images, and the same features for an image alone as in the batch (what drift
+    detection relies on: a served image's features do not depend on its batch)."""
+    signature = servable.signatures[signatures.EMBEDDINGS_SIGNATURE]
+    try:
+        batch = servable.run(signature, {signatures.IMAGE_BYTES: np.array(images, dtype=object)},
+                             [signatures.EMBEDDINGS])[signatures.EMBEDDINGS]
+        alone = servable.run(signature, {signatures.IMAGE_BYTES: np.array(images[:1],
+                                                                          dtype=object)},
+                             [signatures.EMBEDDINGS])[signatures.EMBEDDINGS]
+    except errors.ServingError as error:
+        raise ExportVerificationError("%s: embeddings: %s" % (export_dir, error.message)) \
+            from None
+    if batch.ndim != 2 or batch.shape[0] != len(images) or not batch.shape[1] or \
+            not np.all(np.isfinite(batch)):
+        raise ExportVerificationError("%s: the embeddings signature answered %s for %d "
+                                      "images, not finite [N, D] features"
+                                      % (export_dir, batch.shape, len(images)))
+    scale = max(1.0, float(np.max(np.abs(batch[0]))))
+    if not np.allclose(alone[0], batch[0], rtol=1e-4, atol=1e-4 * scale):
+        raise ExportVerificationError("%s: an image's embeddings differ alone and in a batch"
+                                      % export_dir)
+    return {"embedding_size": int(batch.shape[1])}
+
+
 def bfloat16_parity(export_dir, images, reference):
     """{"bf16_argmax_agreement", "bf16_max_abs_probability_diff", "bf16_images"} of the
     export run as --mixed_precision=bfloat16 serves it, against `reference` (float32
@@ -98,6 +125,7 @@ def verify_export(export_dir, images=None, expected_probabilities=None, toleranc
                 raise ExportVerificationError(
                     "%s: export probabilities differ from estimator.predict by %.3g "
                     "(tolerance %.1g) on %d images" % (export_dir, diff, tolerance, len(images)))
+            report.update(check_embeddings(servable, images, export_dir))
             if bfloat16:
                 report.update(bfloat16_parity(export_dir, images, expected_probabilities))
     finally:

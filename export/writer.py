@@ -48,6 +48,11 @@ def _signature_defs(inputs, predictions, class_names):
             {signatures.IMAGES: inputs.images}, outputs),
         signatures.CLASSIFY: utils.classification_signature_def(
             inputs.examples, names, predictions["probabilities"]),
+        # The penultimate features of the same images: what drift detection compares
+        # with the export's reference (export/reference.py).
+        signatures.EMBEDDINGS_SIGNATURE: utils.predict_signature_def(
+            {signatures.IMAGE_BYTES: inputs.image_bytes},
+            {signatures.EMBEDDINGS: predictions["embeddings"]}),
     }
 
 

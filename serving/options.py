@@ -28,6 +28,8 @@ from slimserve.serving.api import http_server
 from slimserve.serving.core import manager
 from slimserve.serving.core import tensors
 from slimserve.serving.core import tflite_servable
+from slimserve.serving.observability import drift
+from slimserve.serving.observability import drift_monitor
 from slimserve.serving.observability import request_log
 
 # A port of -1 binds any free port; the server reports the one it got (ModelServer.port,
@@ -213,6 +215,22 @@ class ServerOptions:
         "their responses) waiting per model to be written to its request log; past it "
         "records are dropped and counted in "
         "request_log_count{status_code=\"RESOURCE_EXHAUSTED\"}.", slimserve_only=True)
+    # --- drift of the logged traffic (observability/drift_monitor.py) ----------------------
+    drift_check_interval_seconds: float = _of(
+        drift_monitor.MonitorOptions, "check_interval_seconds", "Seconds between two checks "
+        "of each request-logged model version's newest traffic against the reference its "
+        "export recorded (shown on the status page and as :slimserve:serving:drift* "
+        "gauges); 0: only on demand (SIGUSR2).", slimserve_only=True)
+    drift_max_images: int = _of(
+        drift_monitor.MonitorOptions, "max_images", "Newest logged images of a version a "
+        "drift check reads at most (each runs through the version's embeddings "
+        "signature, off the request path).", slimserve_only=True)
+    drift_window_size: int = _of(
+        drift.DriftOptions, "window_size", "Logged images per drift window.",
+        slimserve_only=True)
+    drift_alpha: float = _of(
+        drift.DriftOptions, "alpha", "Chance that a window of traffic like the reference's "
+        "is flagged as drift.", slimserve_only=True)
     # --- other runtimes and services ------------------------------------------------------
     monitoring_config_file: str = _flag("", "Text-format MonitoringConfig: prometheus_config "
                                         "{ enable: true path: ... }.")

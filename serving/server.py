@@ -39,6 +39,8 @@ from slimserve.serving.core import health as health_lib
 from slimserve.serving.core import inference
 from slimserve.serving.core import manager as manager_lib
 from slimserve.serving.core import tflite_servable
+from slimserve.serving.observability import drift as drift_lib
+from slimserve.serving.observability import drift_monitor
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 from slimserve.serving.observability import request_logs as request_logs_lib
@@ -183,6 +185,15 @@ def request_log_options(options):
     return request_log.RequestLogOptions(queue_bytes=options.request_log_queue_bytes)
 
 
+def drift_options(options):
+    """The drift monitor's part of the flags: (MonitorOptions, DriftOptions)."""
+    return (drift_monitor.MonitorOptions(
+        check_interval_seconds=options.drift_check_interval_seconds,
+        max_images=options.drift_max_images),
+            drift_lib.DriftOptions(window_size=options.drift_window_size,
+                                   alpha=options.drift_alpha))
+
+
 def reload_models(config_proto, where, manager, request_logs, metrics=None,
                   from_operator=False):
     """Serve exactly the models of a ModelServerConfig: the manager reloads, then the
@@ -279,6 +290,11 @@ class ModelServer:
         if self.batcher is not None:
             self.metrics.add_collector(
                 lambda: self.metrics.batching_families(self.batcher.learners()))
+        # Off the request path: its own thread, the server's own logs (drift_monitor.py).
+        self.drift = drift_monitor.DriftMonitor(self.manager, self.request_logs,
+                                                *drift_options(options))
+        self.service.drift = self.drift
+        self.metrics.add_collector(self.drift.families)
         self._config_poller = None
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
             self._config_poller = poller.ConfigFilePoller(
@@ -357,6 +373,15 @@ class ModelServer:
         answers NOT_SERVING; GetModelStatus and the status page say why)."""
         self.component_health.fail("batching", message)
 
+    def check_drift(self, wait=True):
+        """A drift check of every request-logged model version now (slimserve-server:
+        SIGUSR2): in this thread when `wait`, else by the monitor's thread. Returns the
+        results ({(model, version): VersionDrift}) when it waited."""
+        if wait:
+            return self.drift.check_now()
+        self.drift.request_check()
+        return None
+
     def flush_request_logs(self, timeout=None):
         """Publishes every model's open request log file now (SIGUSR1 to slimserve-server);
         see RequestLogs.flush."""
@@ -412,6 +437,7 @@ class ModelServer:
         self._health_changed(self.component_health.healthy)
         if self._rest is not None:
             self._rest.start()
+        self.drift.start()
         logging.info("gRPC on %s:%d%s, REST on %s", self.bind_address, self.port,
                      " and unix:%s" % self.grpc_socket_path if self.grpc_socket_path else "",
                      "%s:%d" % (self.bind_address, self.rest_api_port)
@@ -432,6 +458,7 @@ class ModelServer:
         grpc_done = self._grpc.stop(grace)  # refuses new RPCs now, drains in background
         clean = self._rest.stop(grace) if self._rest is not None else True
         clean = grpc_done.wait(max(0.0, deadline - time.monotonic())) and clean
+        self.drift.stop()
         if self.batcher is not None:
             self.batcher.stop()
         self.request_logs.close()  # flushed and published, as on SIGTERM

@@ -81,6 +81,7 @@ def format_labels(names):
 DEFAULT_SIGNATURE = "serving_default"   # input IMAGE_BYTES
 PREDICT_IMAGES = "predict_images"       # input IMAGES (decoded, cropped, resized pixels)
 CLASSIFY = "classify"                   # input EXAMPLES (serialized tf.Example)
+EMBEDDINGS_SIGNATURE = "embeddings"     # input IMAGE_BYTES, output EMBEDDINGS
 IMAGE_BYTES = "image_bytes"
 IMAGES = "images"
 EXAMPLES = "inputs"
@@ -88,10 +89,14 @@ CLASSES = "classes"
 PROBABILITIES = "probabilities"
 CLASS_NAMES = "class_names"
 SCORES = "scores"
+EMBEDDINGS = "embeddings"               # float [None, D]: the features the logits read
 LABELS_ASSET = LABELS_FILE              # assets/labels.txt of every export
 EXTRA_DIR = "assets.extra"
 # Where TF Serving looks for warmup records, relative to a version directory.
 WARMUP_PATH = os.path.join(EXTRA_DIR, "tf_serving_warmup_requests")
+# What the model saw in training, written by every export (export/reference.py) and read
+# by drift detection and the labelling page (serving/observability/reference.py).
+REFERENCE_DIR = os.path.join(EXTRA_DIR, "reference")
 
 
 # --- the export gate: --export_min_metric of slimserve-train and slimserve-export --------

@@ -1,4 +1,4 @@
-"""The flags of slimserve-train, -export and -convert are their config objects: the flags a
+"""The flags of slimserve-train, -export, -convert and -retrain are their config objects: the flags a
 command really defines have its fields' names, defaults and help (nothing written twice,
 no flags.DEFINE_ left in the command), every bound refuses what it says, naming the flag,
 and a run's flags.txt and the repository's flagfiles give their configs back."""
@@ -19,11 +19,13 @@ from slimserve.estimator import train_config
 from slimserve.testing import commands
 from tests.helpers import ROOT
 
-COMMANDS = ("slimserve.cli.train", "slimserve.cli.export", "slimserve.cli.convert")
+COMMANDS = ("slimserve.cli.train", "slimserve.cli.export", "slimserve.cli.convert",
+            "slimserve.cli.retrain")
 # What each command requires, so the other flags can be tried one at a time.
 REQUIRED = {"slimserve.cli.train": ["--data_dir=d", "--model_dir=m"],
             "slimserve.cli.export": ["--model_dir=m"],
-            "slimserve.cli.convert": ["--input=i", "--output_dir=o"]}
+            "slimserve.cli.convert": ["--input=i", "--output_dir=o"],
+            "slimserve.cli.retrain": ["--labels_dir=l", "--data_dir=d", "--model_dir=m"]}
 
 
 def _help(flag):

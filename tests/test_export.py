@@ -87,12 +87,13 @@ def test_export_carries_the_ema_weights(trained_run, export_dir):
                                   average)
 
 
-def test_saved_model_cli_lists_three_signatures_with_methods(export_dir):
+def test_saved_model_cli_lists_four_signatures_with_methods(export_dir):
     shown = subprocess.run([CLI, "show", "--dir", export_dir, "--all"], capture_output=True,
                            text=True, check=True).stdout
-    for name in (signatures.DEFAULT, signatures.PREDICT_IMAGES, signatures.CLASSIFY):
+    for name in (signatures.DEFAULT, signatures.PREDICT_IMAGES, signatures.CLASSIFY,
+                 signatures.EMBEDDINGS_SIGNATURE):
         assert "signature_def['%s']" % name in shown
-    assert shown.count("Method name is: tensorflow/serving/predict") == 2
+    assert shown.count("Method name is: tensorflow/serving/predict") == 3
     assert shown.count("Method name is: tensorflow/serving/classify") == 1
     assert "inputs['image_bytes'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)" \
         in shown

@@ -1,4 +1,4 @@
-"""The tool commands (client, loadtest, compare, tune, tune_batching, predict) are built
+"""The tool commands (client, loadtest, compare, tune, tune_batching, predict, drift) are built
 on config classes: every flag comes from a field of the command's CONFIG (name, default,
 help and bound written once), no module defines a flag of its own, every number has a
 bound that the command enforces with a message naming the flag, and --help lists them."""
@@ -12,7 +12,8 @@ from slimserve import fields
 from slimserve.testing import commands
 
 COMMANDS = ("slimserve.cli.client", "slimserve.cli.loadtest", "slimserve.cli.compare",
-            "slimserve.cli.tune", "slimserve.cli.tune_batching", "slimserve.cli.predict")
+            "slimserve.cli.tune", "slimserve.cli.tune_batching", "slimserve.cli.predict",
+            "slimserve.cli.drift")
 # The modules the commands are made of: none may define an absl flag.
 MODULES = COMMANDS + ("slimserve.cli.tuning",)
 
@@ -62,6 +63,8 @@ def test_every_number_has_a_bound(module_name):
      "--max_batch_sizes: expected a comma-separated list of int, got 8,x"),
     ("slimserve.cli.predict", ["--model_base_path=m", "--input=i", "--output=o",
                                "--read_threads=0"], "--read_threads must be in [1, 256]"),
+    ("slimserve.cli.drift", ["--logs=x", "--model_base_path=m", "--alpha=1"],
+     "--alpha must be in (0, 1)"),
 ])
 def test_a_value_out_of_bounds_is_one_line_naming_the_flag(module_name, args, message):
     result = commands.run_command(module_name, *args)

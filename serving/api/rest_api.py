@@ -158,8 +158,10 @@ class RestApi:
         batching = None if batcher is None else {
             "problem": batcher.problem(), "thread_failures": list(batcher.thread_failures),
             "learners": batcher.learners()}
+        monitor = getattr(self._service, "drift", None)
         return status_page.render(models, self._service.window.summary(), failing=failing,
-                                  batching=batching)
+                                  batching=batching,
+                                  drift=monitor.results() if monitor is not None else None)
 
     def _dispatch(self, method, path, body):
         malformed = errors.invalid("Malformed request: %s %s", method, path)

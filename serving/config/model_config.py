@@ -1,7 +1,14 @@
 """The models a server serves: name, base path, version policy and version labels, from
-TF Serving's text-format ModelServerConfig (--model_config_file, ReloadConfigRequest)."""
+TF Serving's text-format ModelServerConfig (--model_config_file, ReloadConfigRequest),
+and the one writer of a model's version labels into such a file (`set_version_labels`:
+slimserve-retrain's canary and stable, which a server polling the file picks up)."""
 import logging
+import os
+import secrets
 
+from google.protobuf import text_format
+
+from slimserve import errors
 from slimserve.serving.config import bounds
 from slimserve.serving.config import files
 from slimserve.serving.core.version_policy import VersionPolicy
@@ -56,3 +63,77 @@ def parse_model_config_file(path):
     """TF Serving's text-format ModelServerConfig file -> [ServedModel]."""
     return served_models_from_proto(files.read_model_server_config(path),
                                     "--model_config_file %s" % path)
+
+
+def model_entry(config, model_name, where):
+    """The ModelConfig of `model_name` in a ModelServerConfig proto: the only model when
+    `model_name` is None; a UserError naming `where` otherwise."""
+    entries = list(config.model_config_list.config)
+    if model_name is None:
+        if len(entries) != 1:
+            raise errors.UserError("%s lists %d models; name one (--model_name)"
+                                   % (where, len(entries)))
+        return entries[0]
+    for entry in entries:
+        if entry.name == model_name:
+            return entry
+    raise errors.UserError("%s has no model %s (it lists %s)" % (
+        where, model_name, ", ".join(e.name for e in entries) or "none"))
+
+
+def set_version_labels(path, model_name, labels, versions):
+    """Rewrites the --model_config_file at `path` so that model `model_name` serves
+    exactly `versions` (policy `specific`) under `labels` ({label: version}, each one of
+    `versions`), every other entry and field unchanged. Whole or not at all: written
+    beside, fsynced and renamed over the file, so a server polling it reads the old
+    config or the new one, never half of one (what a writer killed before its rename
+    left beside it is removed by the next). Returns the new entry."""
+    where = "--model_config_file %s" % path
+    config = files.read_model_server_config(path)
+    entry = model_entry(config, model_name, where)
+    missing = sorted(set(labels.values()) - set(versions))
+    if missing:
+        raise ValueError("labels name versions %s that are not served" % missing)
+    entry.model_version_policy.Clear()
+    entry.model_version_policy.specific.versions.extend(sorted(set(versions)))
+    entry.version_labels.clear()
+    for label, version in sorted(labels.items()):
+        entry.version_labels[label] = version
+    text = text_format.MessageToString(config)
+    served_models_from_proto(config, where)  # what the server will accept
+    folder = os.path.dirname(os.path.abspath(path))
+    prefix = ".%s.tmp-" % os.path.basename(path)
+    temp = os.path.join(folder, "%s%d-%s" % (prefix, os.getpid(), secrets.token_hex(4)))
+    with errors.writing(path, "--model_config_file"):
+        _remove_dead_temporaries(folder, prefix)
+        try:
+            with open(temp, "w") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            if os.path.exists(temp):
+                os.unlink(temp)
+            raise
+    return entry
+
+
+def _remove_dead_temporaries(folder, prefix):
+    """Removes `<prefix><pid>-*` files of writers that are gone (a kill -9 between the
+    write and the rename leaves one; the config file itself was never touched)."""
+    for name in os.listdir(folder):
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+        except PermissionError:
+            pass

@@ -211,6 +211,9 @@ class InferenceService:
         self.method_name_check = method_name_check
         self.request_logs = request_logs
         self.window = window if window is not None else request_window.RequestWindow()
+        # The server's observability/drift_monitor.py DriftMonitor, whose last results
+        # the status page shows (None: none).
+        self.drift = None
 
     @contextlib.contextmanager
     def _servable(self, name, version, label, signature_name=""):

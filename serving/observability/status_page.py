@@ -1,7 +1,8 @@
 """The read-only status page served at `GET /` (and `/status`) on the REST port: models,
 versions and their states, request rates and latency percentiles of the last minute, and
 what the batch scheduler chose and learned per model, version and signature (its plan,
-the batch sizes it ran, the requests' queue delay, its cost model; core/adaptive.py).
+the batch sizes it ran, the requests' queue delay, its cost model; core/adaptive.py), and
+the last drift check of each request-logged version (observability/drift_monitor.py).
 
 One self-contained HTML document (inline CSS, no scripts, no external assets) that
 refreshes itself every few seconds, so it works in any browser and behind any proxy.
@@ -18,7 +19,9 @@ th,td{border-bottom:1px solid #ddd;padding:.3rem .7rem;text-align:left;font-size
 th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .AVAILABLE{color:#11772d;font-weight:600}.LOADING{color:#996b00}.END{color:#a11}
 .UNLOADING{color:#666}.err{color:#a11;font-size:.8rem}.none{color:#888}
+.drift{color:#a11;font-weight:600}.nodrift{color:#11772d}
 """
+_STATISTICS = ("class_prior", "confidence", "image_stats", "embeddings")
 
 
 def _cell(value, numeric=False):
@@ -84,13 +87,46 @@ def _batching(batching):
     return "".join(parts)
 
 
+def _drift_rows(drift, esc):
+    parts = ["<h2>Drift</h2><table id=\"drift\"><tr><th>model</th><th>version</th>"
+             "<th>checked</th><th>images</th><th>drift</th>"]
+    parts += ["<th>%s</th>" % name for name in _STATISTICS]
+    parts.append("<th>since</th></tr>")
+    if not drift:
+        parts.append("<tr><td class=\"none\" colspan=\"%d\">not checked yet: only models "
+                     "with request logging are checked (--drift_check_interval_seconds, "
+                     "SIGUSR2)</td></tr>" % (len(_STATISTICS) + 6))
+    for (model, version) in sorted(drift, key=lambda k: (str(k[0]), k[1])):
+        result = drift[(model, version)]
+        row = "<tr>" + _cell(esc(str(model))) + _cell(version, True) + _cell(
+            time.strftime("%H:%M:%S", time.gmtime(result.checked_at))) + _cell(
+                result.images, True)
+        if result.drift is None:
+            row += '<td class="none" colspan="%d">%s</td>' % (len(_STATISTICS) + 2,
+                                                              esc(result.note))
+        else:
+            row += '<td class="%s">%s</td>' % ("drift" if result.drift else "nodrift",
+                                               "yes" if result.drift else "no")
+            for name in _STATISTICS:
+                stat = result.statistics.get(name)
+                row += _cell("-" if stat is None else '<span class="%s" title="%s">%.3g '
+                             '/ %.3g</span>' % ("drift" if stat.drift else "", esc(stat.detail),
+                                                stat.value, stat.threshold), True)
+            row += _cell(time.strftime("%Y-%m-%d %H:%M", time.gmtime(result.since))
+                         if result.since else "")
+        parts.append(row + "</tr>")
+    parts.append("</table><div class=\"meta\">statistic / calibrated threshold of the "
+                 "newest window of logged traffic</div>")
+    return parts
+
+
 def render(models, traffic, refresh_seconds=5, title="slimserve", now=None, failing=None,
-           batching=None):
+           batching=None, drift=None):
     """models: {name: [(version, state, error message)]}; traffic: RequestWindow.summary();
     failing: {component: message} of the background components failing
     (core/health.py), shown first; batching: {"problem": why batches cannot run or None,
     "thread_failures": [message], "learners": Batcher.learners()}, or None when batching
-    is off."""
+    is off; drift: DriftMonitor.results() (None: no drift section)."""
     esc = html.escape
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<meta http-equiv=\"refresh\" content=\"%d\">" % refresh_seconds,
@@ -133,5 +169,7 @@ def render(models, traffic, refresh_seconds=5, title="slimserve", now=None, fail
     parts.append("</table>")
     if batching is not None:
         parts.append(_batching(batching))
+    if drift is not None:
+        parts += _drift_rows(drift, esc)
     parts.append("</body></html>\n")
     return "".join(parts)

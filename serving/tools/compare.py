@@ -218,6 +218,58 @@ def _replay(logs, models, progress):
     return report
 
 
+def labelled(images, labels, baseline_dir, candidate_dir, session_config=None, batch=32,
+             progress=None):
+    """The canary check on labelled images (a labelled hold-out, a validation split):
+    both models answer every image through serving_default (encoded bytes in), and each
+    answer is compared by class name (each model's labels.txt) with `labels`, the images'
+    class names. Returns {"images", "baseline_accuracy", "candidate_accuracy", "fixed"
+    (wrong -> right), "broken" (right -> wrong)}; an image a model refuses counts as
+    wrong for that model."""
+    if len(images) != len(labels) or not images:
+        raise UserError("labelled check: %d images, %d labels" % (len(images), len(labels)))
+    correct = {}
+    models = {}
+    try:
+        for role, directory in (("baseline", baseline_dir), ("candidate", candidate_dir)):
+            path = resolve_model_dir(directory)
+            models[role] = (servable_lib.Servable(role, 0, path, session_config),
+                            image_classifier.read_model_labels(path))
+        for role, (servable, names) in models.items():
+            _, signature_def = servable.signature(conventions.DEFAULT_SIGNATURE)
+            right = []
+            for start in range(0, len(images), batch):
+                chunk = images[start:start + batch]
+                answers = _answer_each(servable, signature_def, names, chunk)
+                right += [answer == label for answer, label in
+                          zip(answers, labels[start:start + batch])]
+                if progress:
+                    progress(len(chunk))
+            correct[role] = np.array(right)
+    finally:
+        for servable, _ in models.values():
+            servable.retire()
+    return {"images": len(images),
+            "baseline_accuracy": float(correct["baseline"].mean()),
+            "candidate_accuracy": float(correct["candidate"].mean()),
+            "fixed": int(np.sum(~correct["baseline"] & correct["candidate"])),
+            "broken": int(np.sum(correct["baseline"] & ~correct["candidate"]))}
+
+
+def _answer_each(servable, signature_def, names, images):
+    """Class names of a batch (one image at a time when the batch is refused: a refused
+    image answers None)."""
+    feeds = {conventions.IMAGE_BYTES: np.array(images, dtype=object)}
+    try:
+        outputs = servable.run(signature_def, feeds, sorted(signature_def.outputs))
+        return decision(outputs, names)[0]
+    except errors.ServingError:
+        if len(images) == 1:
+            return [None]
+    return [a for image in images
+            for a in _answer_each(servable, signature_def, names, [image])]
+
+
 def verdict(report, min_agreement=None, max_candidate_error_rate=0.0):
     """[reasons to refuse the candidate]; empty when it passes both gates."""
     reasons = []

@@ -5,11 +5,14 @@ serving/observability/request_log.py writes it): the log file, the record's inde
 the image's position in the request's batch, and why it was chosen, as a `score` (higher:
 more worth labelling) and `reasons` (short sentences a person reads). `propose` reads the
 logs once, in bounded memory (a heap of `limit` candidates), scoring every image with
-each of its `scorers`; today `low_confidence` (1 - the top-1 probability of the logged
-response). Other scores (the most atypical images against the export's reference,
-disagreement between two versions) are scorers too, or candidates files merged with
-`merge`; slimserve-drift writes its own with `write_candidates`, and slimserve-label
-reads them back with `read_candidates`:
+each of its `scorers`: `low_confidence` (1 - the top-1 probability of the logged
+response), `Atypical` (the image's penultimate-layer embedding far from the export's
+reference embeddings: the images least like anything the model saw in training) and
+`Disagreement` (two versions' predictions on the same image differ). Each scores in
+[0, 1], so the highest of them ranks an image. Candidates files merge with `merge`;
+slimserve-drift writes its own (the images of the traffic it evaluated, scored by all
+three) with `write_candidates`, and slimserve-label reads them back with
+`read_candidates`:
 
     {"log": "logs/resnet-...tfrecord", "index": 12, "item": 0,
      "request_id": "resnet-...-12-0", "score": 0.71, "reasons": ["..."]}
@@ -261,6 +264,150 @@ def low_confidence(logged):
     return 1.0 - confidence, "low confidence: top-1 probability %.3f" % confidence
 
 
+def _unit(embeddings):
+    embeddings = np.asarray(embeddings, np.float64)
+    return embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+
+
+class Atypical:
+    """How unlike the reference an image is: the mean distance from its embedding to its
+    `k` nearest reference embeddings, d, against the same measure of each reference
+    image to the others (leave one out), whose median is m: score d / (d + m), 0.5 for
+    an image as typical as the reference's own, towards 1 for one far from all of them.
+    Embeddings are compared at unit length (a ResNet's pooled features of some confident
+    images are many times longer than the rest: direction, not length, says what the
+    image looks like to the model).
+
+    embed: encoded images -> [n, D] embeddings (the version's `embeddings` signature),
+    needed only when called on a LoggedImage; `score_embeddings` takes them computed."""
+
+    def __init__(self, reference_embeddings, embed=None, k=5):
+        reference = _unit(reference_embeddings)
+        if reference.ndim != 2 or len(reference) < 2:
+            raise ValueError("the reference needs at least 2 embeddings")
+        self.reference = reference
+        self.k = max(1, min(int(k), len(reference) - 1))
+        self.embed = embed
+        own = self._distances(reference)
+        np.fill_diagonal(own, np.inf)
+        self.typical = float(np.median(self._knn(own))) or 1e-12
+
+    def _distances(self, embeddings):
+        a2 = np.sum(embeddings * embeddings, axis=1)[:, None]
+        b2 = np.sum(self.reference * self.reference, axis=1)[None, :]
+        return np.sqrt(np.maximum(a2 + b2 - 2.0 * embeddings @ self.reference.T, 0.0))
+
+    def _knn(self, distances):
+        return np.mean(np.sort(distances, axis=1)[:, :self.k], axis=1)
+
+    def distances(self, embeddings):
+        """[n] mean distance of each embedding to its k nearest reference embeddings."""
+        return self._knn(self._distances(_unit(embeddings)))
+
+    def score_embeddings(self, embeddings):
+        """[(score, reason)] of each embedding row."""
+        out = []
+        for distance in self.distances(embeddings):
+            ratio = distance / self.typical
+            out.append((float(ratio / (ratio + 1.0)),
+                        "atypical: %.1fx the reference's typical distance to its %d "
+                        "nearest neighbours" % (ratio, self.k)))
+        return out
+
+    def __call__(self, logged):
+        if self.embed is None:
+            return None
+        return self.score_embeddings(self.embed([logged.image]))[0]
+
+
+class Disagreement:
+    """How much two versions disagree on an image: the total variation distance between
+    the logged response's probabilities and another version's (0: the same, 1: no class
+    in common); the reason names both top classes.
+
+    other: encoded images -> [n, C] probabilities of the other version (its
+    serving_default), needed only when called on a LoggedImage; `score` takes them."""
+
+    def __init__(self, other=None, other_version=None, class_names=()):
+        self.other = other
+        self.other_version = other_version
+        self.class_names = list(class_names)
+
+    def _name(self, index):
+        return self.class_names[index] if 0 <= index < len(self.class_names) else str(index)
+
+    def score(self, probabilities, other_probabilities):
+        p = np.asarray(probabilities, np.float64)
+        q = np.asarray(other_probabilities, np.float64)
+        if p.shape != q.shape:
+            return None
+        distance = 0.5 * float(np.abs(p - q).sum())
+        mine, theirs = int(np.argmax(p)), int(np.argmax(q))
+        other = "version %s" % self.other_version if self.other_version is not None \
+            else "the other version"
+        if mine == theirs:
+            reason = "versions agree on %s (%.2f vs %.2f), distance %.2f" % (
+                self._name(mine), p[mine], q[theirs], distance)
+        else:
+            reason = "versions disagree: %s (%.2f) here, %s (%.2f) by %s" % (
+                self._name(mine), p[mine], self._name(theirs), q[theirs], other)
+        return distance, reason
+
+    def __call__(self, logged):
+        if self.other is None:
+            return None
+        return self.score(logged.probabilities, self.other([logged.image])[0])
+
+
+class Best:
+    """The `limit` highest-scoring candidates, best first, each image (by its bytes'
+    digest) at most once (its highest score kept). `payload(candidate)`, when given to
+    `offer`, is computed only for a candidate that is kept, and dropped with it (the
+    drift report's thumbnails): memory stays within `limit` candidates."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self._heap = []  # (score, -sequence, Candidate, digest)
+        self._digests = {}
+        self._sequence = 0
+        self.payloads = {}  # request id -> payload
+
+    def seen(self, digest):
+        return digest in self._digests
+
+    def offer(self, candidate, digest, payload=None):
+        """Keeps `candidate` if it ranks; returns whether it was kept."""
+        if self.limit <= 0:
+            return False
+        kept = self._digests.get(digest)
+        if kept is not None:
+            if kept >= candidate.score:
+                return False
+            for entry in [e for e in self._heap if e[3] == digest]:
+                self.payloads.pop(entry[2].request_id, None)
+            self._heap = [e for e in self._heap if e[3] != digest]
+            heapq.heapify(self._heap)
+            del self._digests[digest]
+        self._sequence += 1
+        entry = (candidate.score, -self._sequence, candidate, digest)
+        if len(self._heap) < self.limit:
+            heapq.heappush(self._heap, entry)
+        elif entry[:2] > self._heap[0][:2]:
+            dropped = heapq.heapreplace(self._heap, entry)
+            self._digests.pop(dropped[3], None)
+            self.payloads.pop(dropped[2].request_id, None)
+        else:
+            return False
+        self._digests[digest] = candidate.score
+        if payload is not None:
+            self.payloads[candidate.request_id] = payload(candidate)
+        return True
+
+    def best(self):
+        """The kept candidates, best first."""
+        return [entry[2] for entry in sorted(self._heap, reverse=True)]
+
+
 def propose(pattern, limit, scorers=(low_confidence,), exclude=(), model_name=None,
             progress=None):
     """The `limit` logged images with the highest score, best first, and the Scan.
@@ -272,9 +419,7 @@ def propose(pattern, limit, scorers=(low_confidence,), exclude=(), model_name=No
     once. Memory: the heap of `limit` candidates, whatever the logs' size."""
     scan = Scan()
     exclude = set(exclude)
-    heap = []  # (score, sequence, Candidate, image digest)
-    digests = {}
-    sequence = 0
+    best = Best(limit)
     for path, index, log in iter_indexed(pattern, scan, progress):
         spec = log.log_metadata.model_spec
         if model_name is not None and spec.name != model_name:
@@ -301,29 +446,21 @@ def propose(pattern, limit, scorers=(low_confidence,), exclude=(), model_name=No
             scores = [s for s in (scorer(logged) for scorer in scorers) if s is not None]
             if not scores:
                 continue
-            score = max(s for s, _ in scores)
             digest = hashlib.sha256(logged.image).digest()
-            if digest in digests:
-                if digests[digest] >= score:
-                    scan.skipped["duplicate image"] += 1
-                    continue
+            if best.seen(digest):
                 scan.skipped["duplicate image"] += 1
-                heap = [entry for entry in heap if entry[3] != digest]
-                heapq.heapify(heap)
-            candidate = Candidate(
-                path, index, item, rid, score, [r for _, r in scores], _text(spec.name),
-                spec.version.value if spec.HasField("version") else None,
-                int(log.log_metadata.timestamp_secs), logged.top())
-            sequence += 1
-            entry = (score, -sequence, candidate, digest)
-            if len(heap) < limit:
-                heapq.heappush(heap, entry)
-                digests[digest] = score
-            elif entry[:2] > heap[0][:2]:
-                dropped = heapq.heapreplace(heap, entry)
-                digests.pop(dropped[3], None)
-                digests[digest] = score
-    return [entry[2] for entry in sorted(heap, reverse=True)], scan
+            best.offer(candidate_of(path, index, item, log, logged, scores), digest)
+    return best.best(), scan
+
+
+def candidate_of(path, index, item, log, logged, scores):
+    """The Candidate of image `item` of record `index` of log file `path`, scored by
+    `scores` [(score, reason)] (its score the highest)."""
+    spec = log.log_metadata.model_spec
+    return Candidate(path, index, item, request_id(path, index, item),
+                     max(score for score, _ in scores), [reason for _, reason in scores],
+                     _text(spec.name), spec.version.value if spec.HasField("version") else None,
+                     int(log.log_metadata.timestamp_secs), logged.top())
 
 
 def merge(*candidate_lists):

@@ -9,7 +9,7 @@ command line written for one runs the other:
 The flags are the fields of serving/options.py's ServerOptions (same names, defaults, help
 and bounds), generated from its config class (CONFIG), so this module only builds the
 server and waits for a signal (SIGTERM or SIGINT: drain and stop; SIGUSR1: publish the
-open request log files now). Flags about hardware or runtimes this server does not have
+open request log files now; SIGUSR2: check the logged traffic's drift now). Flags about hardware or runtimes this server does not have
 are accepted and logged once as having no effect. Unlike TF Serving it binds 127.0.0.1
 unless --bind_address says otherwise. A start-up problem the user can fix (a flag, a
 config file, a port in use) is one line naming it, exit status 1.
@@ -68,9 +68,15 @@ def main(config, args):
         logging.info("SIGUSR1: publishing the open request log files")
         server.flush_request_logs()  # queues a flush behind each logger's records
 
+    def on_drift(signum, frame):
+        del signum, frame
+        logging.info("SIGUSR2: checking drift of the logged traffic now")
+        server.check_drift(wait=False)  # the monitor's thread runs it
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGUSR1, on_flush)
+    signal.signal(signal.SIGUSR2, on_drift)
     try:
         server.start()
     except errors.ServingError as error:  # e.g. a version label that names no version

@@ -4,6 +4,8 @@ enough for any test: encoded JPEG/PNG bytes in, `classes`, `probabilities` and
 
     serving_default:  image_bytes string [None] -> decode (3 channels) -> area-resize to
                       side x side -> grey in [0, 1] -> softmax(x @ weights + bias)
+    embeddings:       the same images -> x, the side*side features the logits read (the
+                      penultimate layer of this one-layer model), as every export has it
 
 The weights are the caller's (a logistic regression fitted on scikit-learn's digits makes
 a real digits model with real, varied confidence; see `digits_features`), so request logs
@@ -57,7 +59,9 @@ def write_image_classifier(base_path, version, weights, bias, class_names, side=
         return {conventions.DEFAULT_SIGNATURE: saved_models.signature(
             {conventions.IMAGE_BYTES: images},
             {conventions.CLASSES: classes, conventions.PROBABILITIES: probabilities,
-             conventions.CLASS_NAMES: names})}
+             conventions.CLASS_NAMES: names}),
+                conventions.EMBEDDINGS_SIGNATURE: saved_models.signature(
+                    {conventions.IMAGE_BYTES: images}, {conventions.EMBEDDINGS: x})}
 
     saved_models.write_saved_model(path, build, init=tf.compat.v1.no_op)
     os.makedirs(os.path.join(path, "assets"), exist_ok=True)

@@ -1,0 +1,443 @@
+"""The data flywheel in one command (`make flywheel-demo`): the demo's digits model serves
+traffic that shifts (digits written in another style: inverted by default), slimserve-drift
+flags it from the request logs, a scripted labeller labels the images the labelling page
+proposes (over its HTTP API), slimserve-retrain fine-tunes from the serving version,
+checks the candidate and promotes it, and a report (JSON + PNG) shows before and after.
+
+For the point of choosing, the same labeller also labels as many logged images picked at
+random, and the same retraining runs on those (--nopublish): accuracy on shifted digits
+no model saw (and on the original validation split) is measured for the serving
+version and both retrained ones. The acceptance figures are in report.json:
+`drift.requests_to_detect` (requests after the shift began until the first flagged
+window ends), `drift.unshifted_windows_flagged`, and `flywheel.*`.
+
+Each stage runs the documented commands (convert, train, drift, label, retrain), so any
+stage can be re-run alone with the command this script prints. Parts of the digits never
+mix: training (and its validation split), served traffic, and a test set.
+"""
+import argparse
+import hashlib
+import http.cookiejar
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import demo  # noqa: E402  pylint: disable=wrong-import-position
+import make_digits  # noqa: E402  pylint: disable=wrong-import-position
+
+MODEL = "digits"
+CLASSES = [str(d) for d in range(10)]
+
+
+def shifted(data, kind):
+    from slimserve.testing import digits_traffic  # pylint: disable=import-outside-toplevel
+    return digits_traffic.shift(data, kind)
+
+
+def write_config(path, base, log_prefix):
+    """The server's model config: the model, request logging of every request."""
+    with open(path, "w") as handle:
+        handle.write('model_config_list { config { name: "%s" base_path: "%s" '
+                     'model_platform: "tensorflow" logging_config { log_collector_config '
+                     '{ type: "file" filename_prefix: "%s" } sampling_config '
+                     '{ sampling_rate: 1.0 } } } }\n' % (MODEL, base, log_prefix))
+
+
+def send(port, images, label=None):
+    """One gRPC request per image; returns the answering versions' top classes."""
+    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    client = client_lib.Client("127.0.0.1:%d" % port, model_name=MODEL, version_label=label,
+                               retries=0)
+    try:
+        return [CLASSES[int(client.predict_images([image])["classes"][0])]
+                for image in images]
+    finally:
+        client.close()
+
+
+def logged_images(pattern):
+    """{request id: image bytes' sha256} of every logged image."""
+    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
+    found, scan = {}, label_candidates.Scan()
+    for path, index, log in label_candidates.iter_indexed(pattern, scan):
+        for item, logged in enumerate(label_candidates.logged_images(log) or []):
+            found[label_candidates.request_id(path, index, item)] = (
+                hashlib.sha256(logged.image).hexdigest(), path, index, item)
+    return found
+
+
+def random_candidates(pattern, count, path, seed=0):
+    """A candidates file of `count` logged images chosen at random: the baseline."""
+    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
+    logged = sorted(logged_images(pattern).items())
+    chosen = random.Random(seed).sample(logged, min(count, len(logged)))
+    label_candidates.write_candidates(path, [
+        label_candidates.Candidate(log, index, item, rid, 1.0, ["chosen at random"])
+        for rid, (_, log, index, item) in chosen])
+
+
+_CARD = re.compile(r'<article class="card[^"]*" id="card-\d+" data-request-id="([^"]+)"')
+_TOKEN = re.compile(r'name="token" value="([^"]+)"')
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def label_with_page(candidates, output_dir, base, truth, logged, timings, name):
+    """Runs slimserve-label on `candidates` and labels every image it offers through its
+    HTTP API as a person would (GET the page, POST /decide), each with its true class
+    (`truth`: image sha256 -> class). Returns how many were labelled."""
+    argv = demo.python("slimserve.cli.label", "--candidates", candidates, "--output_dir",
+                       output_dir, "--model_base_path", base, "--port", 0, "--view", "grid",
+                       "--grid_size", 60, "--max_candidates", 100000, "--labeller",
+                       "scripted", "--noprogress")
+    print("\n== %s\n$ %s" % (name, " ".join(argv)), flush=True)
+    started = time.time()
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        match = re.search(r"(http://[^/ ]+)/", line)
+        if not match:
+            raise SystemExit("flywheel demo: slimserve-label did not start: %r" % line)
+        url = match.group(1)
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar),
+                                             _NoRedirect)
+        labelled = 0
+        while True:
+            html = opener.open(url + "/?view=grid", timeout=60).read().decode()
+            cards = _CARD.findall(html)
+            if not cards:
+                break
+            for rid in cards:
+                sha = logged[rid][0]
+                choice = "label:%d" % CLASSES.index(truth[sha]) if sha in truth else "skip"
+                form = urllib.parse.urlencode({"token": _TOKEN.search(html).group(1),
+                                               "request_id": rid, "choice": choice,
+                                               "view": "grid", "focus": 0}).encode()
+                try:
+                    opener.open(url + "/decide", form, timeout=60)
+                except urllib.error.HTTPError as answer:
+                    if answer.code != 303:
+                        raise
+                labelled += choice != "skip"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        print(process.communicate(timeout=60)[0].strip(), flush=True)
+    timings[name] = round(time.time() - started, 1)
+    return labelled
+
+
+def accuracy(images, labels, baseline, candidate):
+    from slimserve.serving.tools import compare  # pylint: disable=import-outside-toplevel
+    return compare.labelled(images, labels, baseline, candidate)
+
+
+def split_images(data_dir, split):
+    from slimserve.estimator import schema  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import splits  # pylint: disable=import-outside-toplevel
+    examples = splits.read_examples(data_dir, split)
+    return ([e.features.feature[schema.ENCODED].bytes_list.value[0] for e in examples],
+            [e.features.feature[schema.TEXT].bytes_list.value[0].decode() for e in examples])
+
+
+def detection(report, shift_start):
+    """(requests from the first shifted one to the end of the first flagged window that
+    holds shifted images, unshifted windows flagged, unshifted windows)."""
+    unshifted = [w for w in report["windows"] if w["last_image"] < shift_start]
+    after = [w for w in report["windows"] if w["last_image"] >= shift_start and w["drift"]]
+    delay = after[0]["last_image"] + 1 - shift_start if after else None
+    return delay, sum(w["drift"] for w in unshifted), len(unshifted)
+
+
+def plot(path, drift_report, shift_start, results, thumbnails, shift):
+    import io  # pylint: disable=import-outside-toplevel
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 5.2),
+                                                 gridspec_kw={"width_ratios": [1.3, 1, 0.9]})
+    windows = drift_report["windows"]
+    ends = [w["last_image"] + 1 for w in windows]
+    for name in ("class_prior", "confidence", "image_stats", "embeddings"):
+        points = [max(w["statistics"][name]["p_value"], 1e-4) for w in windows
+                  if name in w["statistics"]]
+        if points:
+            left.plot(ends[:len(points)], points, "o-", markersize=3, label=name)
+    level = windows[0]["statistics"]["embeddings"]["level"] if windows else 0.0125
+    left.axhline(level, color="#a11", linestyle="--", label="level (alpha / 4)")
+    left.axvline(shift_start, color="black", linestyle=":", label="shift begins")
+    left.set_yscale("log")
+    left.set_xlabel("served requests (end of each window)")
+    left.set_ylabel("p-value")
+    left.set_title("drift per window: %s digits from request %d" % (shift, shift_start))
+    left.legend(fontsize=8)
+    groups = ["%s test digits" % shift, "original validation"]
+    models = ["serving version", "random 200 labels", "proposed 200 labels"]
+    keys = ["before", "random", "proposed"]
+    x = np.arange(len(groups))
+    for i, (model, key) in enumerate(zip(models, keys)):
+        values = [results["shifted_test"][key], results["validation"][key]]
+        bars = middle.bar(x + (i - 1) * 0.27, values, 0.27, label=model)
+        for bar, value in zip(bars, values):
+            middle.text(bar.get_x() + bar.get_width() / 2, value + 0.01, "%.3f" % value,
+                        ha="center", fontsize=8)
+    middle.set_xticks(x, groups)
+    middle.set_ylim(0, 1.08)
+    middle.set_ylabel("accuracy")
+    middle.set_title("before / after retraining")
+    middle.legend(fontsize=8, loc="lower left")
+    side = int(np.ceil(np.sqrt(max(1, len(thumbnails)))))
+    grid = np.ones((side * 34, side * 34, 3))
+    for index, data in enumerate(thumbnails):
+        image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((32, 32)),
+                           np.float64) / 255.0
+        row, column = divmod(index, side)
+        grid[row * 34 + 1:row * 34 + 33, column * 34 + 1:column * 34 + 33] = image
+    right.imshow(grid)
+    right.set_axis_off()
+    right.set_title("the first %d images the page proposed" % len(thumbnails))
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work_dir", default=os.path.join(ROOT, "demo_out", "flywheel"),
+                        help="Where every artefact goes (removed first with --fresh).")
+    parser.add_argument("--fresh", action="store_true", help="Delete --work_dir first.")
+    parser.add_argument("--keep_first_model", action="store_true",
+                        help="Reuse the first model an earlier run left in --work_dir (its "
+                        "conversion and training stages are skipped).")
+    parser.add_argument("--shift", default="invert", help="How the traffic shifts: invert, "
+                        "thick, rotate or blur (slimserve/testing/digits_traffic.py).")
+    parser.add_argument("--plain_requests", type=int, default=240,
+                        help="Requests of held-out digits before the shift.")
+    parser.add_argument("--labels", type=int, default=200,
+                        help="Images labelled, proposed by the page and at random.")
+    parser.add_argument("--window_size", type=int, default=100, help="Drift window.")
+    parser.add_argument("--window_step", type=int, default=20, help="Drift window step.")
+    parser.add_argument("--retrain_steps", type=int, default=150,
+                        help="Fine-tuning steps of each retraining.")
+    parser.add_argument("--source_flags", default=os.path.join(ROOT, "configs",
+                                                               "digits_source.flags"))
+    parser.add_argument("--finetune_flags", default=os.path.join(ROOT, "configs",
+                                                                 "digits_finetune.flags"))
+    args = parser.parse_args(argv)
+    from slimserve.cli import logs  # pylint: disable=import-outside-toplevel
+    import logging  # pylint: disable=import-outside-toplevel
+    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO)
+    logs.quiet_tensorflow()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf.get_logger().setLevel(logging.WARNING)
+    from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.testing import digits_traffic  # pylint: disable=import-outside-toplevel
+
+    work = os.path.abspath(args.work_dir)
+    if args.fresh and os.path.exists(work):
+        shutil.rmtree(work)
+    os.makedirs(work, exist_ok=True)
+    path = lambda *names: os.path.join(work, *names)  # noqa: E731
+    timings, started = {}, time.time()
+    bar = [] if sys.stdout.isatty() else ["--noprogress"]
+
+    # --- the first model, as `make demo` trains it, on the training part only ----------
+    if not os.path.exists(path("all_images")):
+        make_digits.write_digits(path("all_images"), size=32)
+    parts = digits_traffic.split(path("all_images"), {"train": 0.55, "traffic": 0.30,
+                                                      "test": 0.15})
+    for folder in ("train_images", "source_images"):
+        shutil.rmtree(path(folder), ignore_errors=True)
+    digits_traffic.write_tree(parts["train"], path("train_images"))
+    digits_traffic.write_tree([(p, c) for p, c in parts["train"] if int(c) < 5],
+                              path("source_images"))
+    reuse = args.keep_first_model and os.path.isdir(path("run", "export", "final"))
+    for folder in ["models", "logs", "drift", "labels_proposed", "labels_random",
+                   "retrain_proposed", "retrain_random"] + \
+            ([] if reuse else ["source_run", "run"]):
+        shutil.rmtree(path(folder), ignore_errors=True)
+    if not reuse:
+        demo.stage("convert the training part", demo.python(
+            "slimserve.cli.convert", "--input", path("train_images"), "--output_dir",
+            path("data"), "--overwrite", *bar), timings)
+        demo.stage("convert the source task (digits 0-4)", demo.python(
+            "slimserve.cli.convert", "--input", path("source_images"), "--output_dir",
+            path("source_data"), "--overwrite", "--noprogress"), timings)
+        demo.stage("source checkpoint", demo.python(
+            "slimserve.cli.train", "--flagfile", args.source_flags, "--data_dir",
+            path("source_data"), "--model_dir", path("source_run")), timings)
+        demo.stage("fine-tune on all digits + export (with its reference)", demo.python(
+            "slimserve.cli.train", "--flagfile", args.finetune_flags, "--data_dir",
+            path("data"), "--model_dir", path("run"), "--checkpoint_path",
+            path("source_run")), timings)
+    export_base = path("run", "export", "final")
+    first = sorted(os.listdir(export_base))[-1]
+    base = path("models", MODEL)
+    shutil.copytree(os.path.join(export_base, first), os.path.join(base, first))
+    config_file = path("models.config")
+    write_config(config_file, base, path("logs", MODEL))
+
+    # --- serve: held-out digits, then the shift ----------------------------------------
+    plain = [(open(p, "rb").read(), c) for p, c in parts["traffic"][:args.plain_requests]]
+    shift = [(shifted(open(p, "rb").read(), args.shift), c)
+             for p, c in parts["traffic"][args.plain_requests:]]
+    truth = {hashlib.sha256(data).hexdigest(): c for data, c in plain + shift}
+    print("\n== serve version %s (%s) and send %d held-out digits, then %d %s ones"
+          % (first, config_file, len(plain), len(shift), args.shift), flush=True)
+    serve_started = time.time()
+    server = server_lib.ModelServer(
+        model_config_file=config_file, model_config_file_poll_wait_seconds=1,
+        file_system_poll_wait_seconds=1, port=server_lib.PICK_FREE_PORT, rest_api_port=0,
+        drift_check_interval_seconds=0, drift_window_size=args.window_size).start()
+    report = {"shift": args.shift, "served_version": int(first)}
+    try:
+        send(server.port, [data for data, _ in plain + shift])
+        server.flush_request_logs(timeout=60)
+        checked = server.check_drift()[(MODEL, int(first))]
+        report["server_drift_check"] = {"drift": checked.drift, "images": checked.images}
+        timings["serve traffic"] = round(time.time() - serve_started, 1)
+        logs_glob = path("logs", MODEL) + "*"
+
+        # --- drift, and the images worth labelling ---------------------------------------
+        demo.stage("slimserve-drift", demo.python(
+            "slimserve.cli.drift", "--logs", logs_glob, "--model_base_path", base,
+            "--output_dir", path("drift"), "--window_size", args.window_size,
+            "--window_step", args.window_step, "--max_candidates", args.labels,
+            *bar), timings)
+        drift_report = json.load(open(path("drift", "report.json")))
+        delay, false_alarms, unshifted_windows = detection(drift_report, len(plain))
+        report["drift"] = {
+            "drift": drift_report["drift"], "requests_to_detect": delay,
+            "unshifted_windows_flagged": false_alarms, "unshifted_windows": unshifted_windows,
+            "window_size": args.window_size, "window_step": args.window_step,
+            "statistics": drift_report["statistics"], "report_html": path("drift",
+                                                                          "report.html")}
+
+        # --- label: the proposed images, and as many random ones --------------------------
+        logged = logged_images(logs_glob)
+        random_candidates(logs_glob, args.labels, path("random_candidates.jsonl"))
+        counts = {}
+        for key, candidates in (("proposed", path("drift", "candidates.jsonl")),
+                                ("random", path("random_candidates.jsonl"))):
+            counts[key] = label_with_page(candidates, path("labels_" + key), base, truth,
+                                          logged, timings, "label the %s images" % key)
+        chosen = {}
+        for key in ("proposed", "random"):
+            rows = [json.loads(line) for line in open(path("labels_" + key,
+                                                           "provenance.jsonl"))]
+            chosen[key] = sum(logged[r["request_id"]][0] not in
+                              {hashlib.sha256(d).hexdigest() for d, _ in plain} for r in rows)
+
+        # --- retrain on each, check, publish (the proposed ones) --------------------------
+        retrain_flags = ["--flagfile", args.finetune_flags, "--data_dir", path("data"),
+                         "--model_config_file", config_file, "--logs", logs_glob, "--max_steps", args.retrain_steps,
+                         "--decay_steps", args.retrain_steps, "--save_checkpoints_steps",
+                         args.retrain_steps, "--exports_to_keep", 1, *bar]
+        codes = {}
+        for key, extra in (("proposed", ["--promote"]), ("random", ["--nopublish"])):
+            name = "retrain on the %s labels" % key
+            argv = demo.python("slimserve.cli.retrain", "--labels_dir", path("labels_" + key),
+                               "--model_dir", path("retrain_" + key), *retrain_flags, *extra)
+            print("\n== %s\n$ %s" % (name, " ".join(argv)), flush=True)
+            step_started = time.time()
+            codes[key] = subprocess.run(argv, cwd=ROOT, check=False).returncode
+            timings[name] = round(time.time() - step_started, 1)
+        retrains = {key: json.load(open(path("retrain_" + key, "retrain_report.json")))
+                    for key in ("proposed", "random")}
+
+        # --- before / after, on digits no model saw ---------------------------------------
+        test = [(shifted(open(p, "rb").read(), args.shift), c) for p, c in parts["test"]]
+        test_images, test_labels = [d for d, _ in test], [c for _, c in test]
+        validation_images, validation_labels = split_images(path("data"), "validation")
+        serving_dir = os.path.join(base, first)
+        results = {"shifted_test": {}, "validation": {}}
+        for key in ("random", "proposed"):
+            candidate = retrains[key]["candidate"]
+            for group, images, labels in (("shifted_test", test_images, test_labels),
+                                          ("validation", validation_images,
+                                           validation_labels)):
+                measured = accuracy(images, labels, serving_dir, candidate)
+                results[group]["before"] = measured["baseline_accuracy"]
+                results[group][key] = measured["candidate_accuracy"]
+        promoted = retrains["proposed"].get("published", {}).get("version")
+        served_after = None
+        if promoted:
+            from slimserve.testing.servers import wait_until  # pylint: disable=import-outside-toplevel
+            wait_until(lambda: send(server.port, test_images[:1], "stable") is not None and
+                       server.manager.available_versions(MODEL)[-1:] == [promoted], 120, 0.5,
+                       "the promoted version")
+            answers = send(server.port, test_images, "stable")
+            served_after = sum(a == c for a, c in zip(answers, test_labels)) / len(test_labels)
+    finally:
+        server.stop()
+    proposed_thumbnails = []
+    for line in open(path("drift", "candidates.jsonl")).readlines()[:25]:
+        rid = json.loads(line)["request_id"]
+        proposed_thumbnails += [d for d, _ in plain + shift
+                                if hashlib.sha256(d).hexdigest() == logged[rid][0]][:1]
+    report["flywheel"] = {
+        "labels": counts, "shifted_among_labelled": chosen,
+        "accuracy": results,
+        "gain_on_shifted_over_random": round(results["shifted_test"]["proposed"] -
+                                             results["shifted_test"]["random"], 4),
+        "validation_change_points": round(100 * (results["validation"]["proposed"] -
+                                                 results["validation"]["before"]), 2),
+        "retrain_exit_status": codes,
+        "retrain_checks": {key: {k: retrains[key].get(k) for k in (
+            "holdout", "validation", "traffic", "passed", "refused_because", "published")}
+            for key in retrains},
+        "promoted_version": promoted, "served_accuracy_on_shifted_after": served_after,
+        "test_images": len(test_images), "validation_images": len(validation_images)}
+    report["stage_seconds"] = timings
+    report["total_seconds"] = round(time.time() - started, 1)
+    report["report_png"] = path("report.png")
+    plot(report["report_png"], drift_report, len(plain), results, proposed_thumbnails,
+         args.shift)
+    with open(path("report.json"), "w") as handle:
+        json.dump(report, handle, indent=2)
+    flywheel = report["flywheel"]
+    print("\n== report (%s)" % path("report.json"))
+    for name, seconds in timings.items():
+        print("  %-40s %7.1f s" % (name, seconds))
+    print("  drift: %s; flagged %s requests after the %s digits began (windows of %d, "
+          "step %d); unshifted windows flagged: %d of %d" % (
+              "yes" if report["drift"]["drift"] else "no", delay, args.shift,
+              args.window_size, args.window_step, false_alarms, unshifted_windows))
+    print("  shifted images among the labelled: proposed %d of %d, random %d of %d" % (
+        chosen["proposed"], counts["proposed"], chosen["random"], counts["random"]))
+    print("  accuracy on %d %s test digits: before %.4f, random labels %.4f, proposed "
+          "labels %.4f (%+.4f over random)" % (
+              len(test_images), args.shift, results["shifted_test"]["before"],
+              results["shifted_test"]["random"], results["shifted_test"]["proposed"],
+              flywheel["gain_on_shifted_over_random"]))
+    print("  accuracy on the original validation split (%d): before %.4f, after %.4f "
+          "(%+.2f points)" % (len(validation_images), results["validation"]["before"],
+                              results["validation"]["proposed"],
+                              flywheel["validation_change_points"]))
+    print("  retrain: proposed %s (exit %d), random %s (exit %d); promoted version %s, "
+          "served accuracy on the shifted test through `stable`: %s" % (
+              "passed" if retrains["proposed"]["passed"] else "refused", codes["proposed"],
+              "passed" if retrains["random"]["passed"] else "refused", codes["random"],
+              promoted, "%.4f" % served_after if served_after is not None else "-"))
+    print("  drift report: %s\n  before/after: %s" % (report["drift"]["report_html"],
+                                                      report["report_png"]))
+
+
+if __name__ == "__main__":
+    main()

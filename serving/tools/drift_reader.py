@@ -1,0 +1,371 @@
+"""Served traffic read back from request logs and tested for drift, in bounded memory.
+
+    selection = drift_reader.select(pattern, max_images=limit)     # pass 1: counts only
+    run = drift_reader.DriftRun(reference, options, VersionModel(version_dir), ...)
+    for served in drift_reader.served_images(selection, skip=selection.images - limit):
+        run.add(served)
+    outcome = run.finish()                                          # DriftOutcome
+
+Request logs are TF Serving's PredictionLog files (serving/observability/request_log.py),
+read in file-name order (each file's name starts with its opening time) through
+label_candidates' reader: malformed records, other APIs and signatures are skipped and
+counted, a damaged file is counted and the next one read. Only the images one model
+version answered are compared with that version's reference: its confidence and classes
+are in the logged responses; its embeddings are computed by running the version's own
+`embeddings` signature on the logged bytes (VersionModel), in batches.
+
+Work and memory are bounded whatever the logs' size: pass 1 counts images per model and
+version in the newest files only, until the version has `limit` images; pass 2 reads
+those files and skips all but the newest `limit` images of the version, keeps the
+features of one window (`window_size` images, their bytes dropped once embedded), a
+summary of at most `max_windows` windows, and the best `max_candidates` candidates for
+labelling and `thumbnails` images for the report (label_candidates.Best).
+"""
+import collections
+import dataclasses
+import hashlib
+import logging
+import os
+
+import numpy as np
+
+from slimserve import conventions
+from slimserve.serving.core import errors
+from slimserve.serving.core import servable as servable_lib
+from slimserve.serving.observability import drift
+from slimserve.serving.observability import image_stats
+from slimserve.serving.tools import label_candidates
+from slimserve.serving.tools import label_thumbnails
+
+BATCH = 32
+THUMBNAIL_SIZE = 96
+
+
+@dataclasses.dataclass
+class Served:
+    """One served image of a logged request."""
+    log: str
+    index: int
+    item: int
+    timestamp: int
+    probabilities: np.ndarray
+    image: bytes
+    candidate: label_candidates.Candidate = None
+
+
+@dataclasses.dataclass
+class Selection:
+    """Pass 1: the model version to test and the log files that hold its newest images
+    (oldest first), how many, and what else the files read held."""
+    model: str = None
+    version: int = None
+    files: list = dataclasses.field(default_factory=list)  # [(path, read pattern)]
+    images: int = 0
+    seen: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    scan: label_candidates.Scan = dataclasses.field(default_factory=label_candidates.Scan)
+
+    def versions_of(self, model):
+        return sorted(v for m, v in self.seen if m == model)
+
+
+def _image_count(log):
+    """Images of a record of the image signature (its image_bytes' batch size), from
+    its shape alone; 0 for any other record."""
+    if log.WhichOneof("log_type") != "predict_log":
+        return 0
+    request = log.predict_log.request
+    if request.model_spec.signature_name not in ("", conventions.DEFAULT_SIGNATURE) or \
+            conventions.IMAGE_BYTES not in request.inputs:
+        return 0
+    proto = request.inputs[conventions.IMAGE_BYTES]
+    if proto.tensor_shape.dim:
+        return max(0, int(proto.tensor_shape.dim[0].size))
+    return len(proto.string_val)
+
+
+def _key(log):
+    spec = log.log_metadata.model_spec
+    if not spec.HasField("version"):
+        return None
+    return label_candidates._text(spec.name), int(spec.version.value)  # pylint: disable=protected-access
+
+
+def select(pattern, model_name=None, version=None, max_images=None, progress=None):
+    """The Selection of the logs `pattern` matches (a UserError when none do): files are
+    counted newest first (their names start with their opening time) until the version
+    to test has `max_images` images (None: all files). That version is `version` of
+    `model_name`, each by default the newest record's."""
+    selection = Selection()
+    files = sorted(label_candidates.log_files(pattern),
+                   key=lambda f: os.path.basename(label_candidates.published_name(f[0])))
+    for path, read_pattern in reversed(files):
+        per_key = collections.Counter()
+        newest = None
+        for _, _, log in label_candidates.iter_indexed(read_pattern, selection.scan,
+                                                       progress):
+            key = _key(log)
+            count = _image_count(log)
+            if key is None or not count or (model_name is not None and key[0] != model_name):
+                continue
+            per_key[key] += count
+            if version is None or key[1] == version:
+                newest = key  # records of a file are in time order: the last is newest
+        selection.scan.files -= 1  # counted again when pass 2 reads it
+        selection.seen.update(per_key)
+        if selection.model is None and newest is not None:
+            selection.model, selection.version = newest
+        target = (selection.model, selection.version)
+        if selection.model is not None and per_key[target]:
+            selection.files.insert(0, (path, read_pattern))
+            selection.images += per_key[target]
+            if max_images is not None and selection.images >= max_images:
+                break
+    return selection
+
+
+def served_images(selection, skip=0, scan=None, progress=None):
+    """Served of every image of the selected version in the selected files, in order,
+    after the first `skip` of them; what is skipped is counted in `scan`."""
+    scan = scan if scan is not None else label_candidates.Scan()
+    seen = 0
+    for _, read_pattern in selection.files:
+        for path, index, log in label_candidates.iter_indexed(read_pattern, scan):
+            if _key(log) != (selection.model, selection.version):
+                scan.skipped["other model or version"] += 1
+                continue
+            count = _image_count(log)
+            if seen + count <= skip:
+                seen += count
+                continue
+            try:
+                images = label_candidates.logged_images(log)
+            except label_candidates.Malformed as why:
+                scan.skipped["malformed record (%s)" % why] += 1
+                continue
+            if images is None:
+                scan.skipped["not an image prediction"] += 1
+                continue
+            for item, logged in enumerate(images):
+                seen += 1
+                if seen <= skip:
+                    continue
+                scan.images += 1
+                scan.note_class(logged)
+                if progress is not None:
+                    progress(1)
+                yield Served(path, index, item, int(log.log_metadata.timestamp_secs),
+                             logged.probabilities, logged.image,
+                             label_candidates.candidate_of(path, index, item, log, logged,
+                                                           [(0.0, "")]))
+
+
+class VersionModel:
+    """A version loaded from disk (serving's Servable, as a server loads it), or one a
+    server has loaded (`servable`: the caller holds it), to run its `embeddings` and
+    `serving_default` signatures on logged images."""
+
+    def __init__(self, version_dir=None, session_config=None, servable=None):
+        self._owned = servable is None
+        self.servable = servable if servable is not None else \
+            servable_lib.Servable.load(version_dir, session_config)
+        self.has_embeddings = conventions.EMBEDDINGS_SIGNATURE in self.servable.signatures
+
+    def _run(self, signature, output, images):
+        """[n, ...] outputs; an image the batch cannot run gets a NaN row."""
+        signature_def = self.servable.signatures[signature]
+        rows = []
+        for start in range(0, len(images), BATCH):
+            batch = images[start:start + BATCH]
+            try:
+                rows.append(self.servable.run(signature_def, {
+                    conventions.IMAGE_BYTES: np.array(batch, dtype=object)}, [output])[output])
+                continue
+            except errors.ServingError:
+                pass
+            for image in batch:  # find the one image at fault
+                try:
+                    rows.append(self.servable.run(signature_def, {
+                        conventions.IMAGE_BYTES: np.array([image], dtype=object)},
+                        [output])[output])
+                except errors.ServingError as error:
+                    logging.debug("drift: an image does not run: %s", error.message)
+                    rows.append(None)
+        width = next((r.shape[1] for r in rows if r is not None), 1)
+        return np.concatenate([r if r is not None else np.full((1, width), np.nan)
+                               for r in rows]).astype(np.float64)
+
+    def embeddings(self, images):
+        return self._run(conventions.EMBEDDINGS_SIGNATURE, conventions.EMBEDDINGS, images)
+
+    def probabilities(self, images):
+        return self._run(conventions.DEFAULT_SIGNATURE, conventions.PROBABILITIES, images)
+
+    def close(self):
+        if self._owned:
+            self.servable.retire()
+
+
+@dataclasses.dataclass
+class WindowRecord:
+    """One evaluated window: which images (by their position in the traffic read), when,
+    and its WindowResult."""
+    number: int
+    first: int
+    last: int
+    start_time: int
+    end_time: int
+    result: drift.WindowResult
+    classes: list = dataclasses.field(default_factory=list)  # predictions per class
+
+    def to_json(self):
+        return {"window": self.number, "first_image": self.first, "last_image": self.last,
+                "start_time": self.start_time, "end_time": self.end_time,
+                "images": self.result.images, "drift": self.result.drift,
+                "predicted_classes": [int(c) for c in self.classes],
+                "moved": self.result.moved(),
+                "statistics": {name: s.to_json()
+                               for name, s in self.result.statistics.items()}}
+
+
+@dataclasses.dataclass
+class DriftOutcome:
+    """What a run found: the kept windows (oldest first), how many were evaluated in
+    all, the drift verdict of the newest one and since when it holds, the candidates
+    for labelling and the most atypical images (with PNG thumbnails)."""
+    windows: list
+    evaluated: int
+    images: int
+    candidates: list
+    atypical: list  # [(Candidate, PNG bytes)]
+
+    @property
+    def latest(self):
+        return self.windows[-1] if self.windows else None
+
+    @property
+    def drift(self):
+        return bool(self.latest and self.latest.result.drift)
+
+    def since(self):
+        """The first window of the newest run of flagged windows (None without drift):
+        its WindowRecord, and whether the run may have begun before the kept history."""
+        if not self.drift:
+            return None, False
+        first = len(self.windows) - 1
+        while first > 0 and self.windows[first - 1].result.drift:
+            first -= 1
+        return self.windows[first], first == 0 and self.evaluated > len(self.windows)
+
+
+class DriftRun:
+    """Consumes Served images in order; tests each window as it completes."""
+
+    def __init__(self, reference, options, model=None, other=None, max_windows=100,
+                 max_candidates=200, thumbnails=24, max_pixels=image_stats.DEFAULT_MAX_PIXELS,
+                 max_bytes=image_stats.DEFAULT_MAX_BYTES, batch=BATCH):
+        """reference: the version's Reference (or a drift.Prepared of it); options:
+        drift.DriftOptions; model: its VersionModel (embeddings), other: another
+        version's (disagreement), or None."""
+        self.prepared = reference if isinstance(reference, drift.Prepared) else \
+            drift.Prepared(reference, options)
+        reference = self.prepared.reference
+        self.options = options
+        self.model = model if model is not None and model.has_embeddings else None
+        self.other = other
+        self.max_pixels, self.max_bytes, self.batch = max_pixels, max_bytes, batch
+        self.atypical = None
+        if self.model is not None and reference.embeddings is not None:
+            self.atypical = label_candidates.Atypical(self.prepared.embeddings)
+        self.disagreement = label_candidates.Disagreement(
+            other_version=None if other is None else other.servable.version,
+            class_names=reference.class_names)
+        self._pending = []
+        self._window = collections.deque(maxlen=options.window_size)
+        self.windows = collections.deque(maxlen=max_windows)
+        self.evaluated = 0
+        self.images = 0
+        self.best = label_candidates.Best(max_candidates)
+        self.most_atypical = label_candidates.Best(thumbnails)
+
+    def add(self, served):
+        self._pending.append(served)
+        if len(self._pending) >= self.batch:
+            self._flush()
+
+    def _flush(self):
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        images = [s.image for s in pending]
+        embeddings = self.model.embeddings(images) if self.model is not None else None
+        others = self.other.probabilities(images) if self.other is not None else None
+        for row, served in enumerate(pending):
+            try:
+                stats = image_stats.statistics(served.image, self.max_pixels, self.max_bytes)
+            except image_stats.NotAnImage:
+                stats = np.full(len(image_stats.NAMES), np.nan)
+            embedding = embeddings[row] if embeddings is not None else None
+            self._score(served, embedding, None if others is None else others[row])
+            served.image = None  # the bytes go; the window keeps features only
+            self._window.append((served.timestamp, served.probabilities, stats, embedding))
+            self.images += 1
+            full = len(self._window) == self.options.window_size
+            if full and (self.images - self.options.window_size) % self.options.step == 0:
+                self._evaluate()
+
+    def _score(self, served, embedding, other):
+        scores = [label_candidates.low_confidence(
+            label_candidates.LoggedImage(b"", served.probabilities))]
+        atypical = None
+        if self.atypical is not None and embedding is not None and np.all(
+                np.isfinite(embedding)):
+            atypical = self.atypical.score_embeddings(embedding[None])[0]
+            scores.append(atypical)
+        if other is not None and np.all(np.isfinite(other)):
+            found = self.disagreement.score(served.probabilities, other)
+            if found is not None:
+                scores.append(found)
+        digest = hashlib.sha256(served.image).digest()
+        candidate = dataclasses.replace(served.candidate,
+                                        score=max(s for s, _ in scores),
+                                        reasons=[r for _, r in scores])
+        self.best.offer(candidate, digest)
+        if atypical is not None:
+            image = served.image
+            self.most_atypical.offer(
+                dataclasses.replace(served.candidate, score=atypical[0],
+                                    reasons=[atypical[1]]),
+                digest, payload=lambda _: _thumbnail(image, self.max_pixels, self.max_bytes))
+
+    def _evaluate(self):
+        rows = list(self._window)
+        embeddings = None
+        if rows[0][3] is not None:
+            embeddings = np.stack([r[3] for r in rows])
+        window = drift.Window(np.stack([r[1] for r in rows]), np.stack([r[2] for r in rows]),
+                              embeddings)
+        result = self.prepared.evaluate(window)
+        classes = np.bincount(window.probabilities.argmax(axis=1),
+                              minlength=self.prepared.num_classes)
+        self.windows.append(WindowRecord(self.evaluated, self.images - len(rows),
+                                         self.images - 1, rows[0][0], rows[-1][0], result,
+                                         classes.tolist()))
+        self.evaluated += 1
+
+    def finish(self, min_images=10):
+        """Tests what is pending; a run that never filled a window tests the images it
+        has as one (when at least `min_images`). Returns the DriftOutcome."""
+        self._flush()
+        if not self.evaluated and len(self._window) >= min_images:
+            self._evaluate()
+        atypical = [(c, self.most_atypical.payloads.get(c.request_id))
+                    for c in self.most_atypical.best()]
+        return DriftOutcome(list(self.windows), self.evaluated, self.images,
+                            self.best.best(), [(c, png) for c, png in atypical if png])
+
+
+def _thumbnail(image, max_pixels, max_bytes):
+    try:
+        return label_thumbnails.thumbnail(image, THUMBNAIL_SIZE, max_pixels, max_bytes)[0]
+    except label_thumbnails.NotAnImage:
+        return None
