@@ -123,8 +123,10 @@ def test_answers_are_those_of_unbatched_runs(tiny):
 
 def test_a_lone_request_runs_at_once(quick):
     """One request in the system: never held (its record shows no hold was even planned),
-    and after a busy spell at most the first lone request is held, once (the clients
-    it was still counting did not come, so it counts again)."""
+    and after a busy spell at most one lone request is held, once, within the bound (the
+    clients it was still counting did not come, so it counts again; which of the first
+    lone requests meets the estimate's last peak depends on the scheduling of the busy
+    spell's final batches)."""
     batcher = batching.Batcher(_adaptive())
     x = np.ones([1, 2], np.float32)
     try:
@@ -144,7 +146,9 @@ def test_a_lone_request_runs_at_once(quick):
         batcher.stop()
     assert len(after) == 12
     held = [r for r in after if r.planned > 0]
-    assert len(held) <= 1 and held == after[:len(held)], [r.as_dict() for r in after]
+    assert len(held) <= 1, [r.as_dict() for r in after]
+    if held:
+        _assert_within_bound(held, 0.1)  # _adaptive()'s bound
 
 
 def test_a_burst_after_idle_waits_at_most_the_bound(quick):
@@ -375,7 +379,7 @@ def test_status_page_and_metrics_show_what_it_chose_and_learned(tmp_path):
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base, 2)
     stack = inprocess.InProcess([model_config.ServedModel("tiny<b>", base)],
-                                batching_parameters=_adaptive(0.05))
+                                batching_parameters=_adaptive(0.05), status_page=True)
     try:
         rows = [[float(i), 1.0] for i in range(6)]
         for _ in range(3):

@@ -277,7 +277,7 @@ def test_the_server_checks_its_own_logs_status_page_and_gauges(drift_model, traf
         [model_config.ServedModel(MODEL, drift_model,
                                   logging_config=digits_traffic.logging_config(prefix))],
         enable_model_warmup=False, drift_check_interval_seconds=0, drift_window_size=WINDOW,
-        drift_max_images=2 * WINDOW)
+        drift_max_images=2 * WINDOW, status_page=True)
     try:
         page = lambda: urllib.request.urlopen(  # noqa: E731
             "http://127.0.0.1:%d/" % server.rest_api_port, timeout=30).read().decode()

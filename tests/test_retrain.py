@@ -285,7 +285,9 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         "--eval_central_fraction", 1.0, "--moving_average_decay", 0.99,
         "--export_min_metric", "none", "--exports_to_keep", 1, "--noverify_export")
     report = json.load(open(tmp_path / "run" / retrain.REPORT))
-    assert report["new_labels"]["holdout"] == 50
+    # 25% of each class held out (the converter's per-class rounding): 200 labels -> ~50
+    assert 40 <= report["new_labels"]["holdout"] <= 60
+    assert report["new_labels"]["holdout"] + report["new_labels"]["train"] == 200, report
     # Warm-started from the export: the fine-tune starts where the served model was, far
     # above chance on the original validation split.
     assert report["validation"]["candidate_accuracy"] > 0.5, report

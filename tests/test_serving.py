@@ -98,7 +98,8 @@ def test_grpc_predictions_equal_in_process_results(client, export_dir, digits_da
     classified = client.classify(images)
     assert [max(pairs, key=lambda p: p[1])[0] for pairs in classified] == [
         n.decode() for n in served["class_names"]]
-    assert set(client.metadata()) == {"serving_default", "predict_images", "classify"}
+    assert set(client.metadata()) == {"serving_default", "predict_images", "classify",
+                                      "embeddings"}
     assert client.status() == [(1, "AVAILABLE", "")]
 
 

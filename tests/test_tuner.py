@@ -216,8 +216,8 @@ def test_signature_name_is_checked_and_used_before_any_server_starts(export_dir,
     missing = run_command("slimserve.cli.tune", "--model_base_path", base, "--data_dir",
                           digits_data, "--latency_budget_ms", 100, "--signature_name", "nope")
     assert missing.code == 1 and "Traceback" not in missing.stderr
-    assert ("--signature_name=nope: the model at %s has signatures classify, predict_images, "
-            "serving_default" % base) in missing.stderr
+    assert ("--signature_name=nope: the model at %s has signatures classify, embeddings, "
+            "predict_images, serving_default" % base) in missing.stderr
     # Each signature's own input key and form: images, examples, or refused by name.
     assert tuner_inputs.kind_for(base, "serving_default") == (tuner_inputs.IMAGES,
                                                               conventions.IMAGE_BYTES)

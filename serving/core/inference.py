@@ -437,13 +437,12 @@ class InferenceService:
         del label
         check_names(model=name)
         statuses = self.manager.status(name, version, with_codes=True)
-        failing = {component: failure.message for component, failure
-                   in self.manager.health.failing(model=name).items()}
+        problems = ["%s failing: %s" % (component, failure.message) for component, failure
+                    in sorted(self.manager.health.failing(model=name).items())]
         if self.batcher is not None and self.batcher.problem():
-            failing["batching"] = self.batcher.problem()  # loaded, but no batch can run
-        if failing:  # a component the model needs cannot do its job
-            problem = "; ".join("%s failing: %s" % (component, message)
-                                for component, message in sorted(failing.items()))
+            problems.append(self.batcher.problem())  # loaded, but no batch can run
+        if problems:  # a component the model needs cannot do its job
+            problem = "; ".join(problems)
             statuses = [(number, state, message or problem,
                          code or (grpc.StatusCode.INTERNAL.value[0]
                                   if state == "AVAILABLE" else 0))
