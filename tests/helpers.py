@@ -22,28 +22,22 @@ def run_cli(module, *args, check=True, timeout=900, env=None):
 
 
 def start_server_process(args, prefix=(), timeout=300, **popen):
-    """Runs `slimserve-server ARGS` (behind `prefix`, e.g. prlimit) on free ports unless
-    ARGS name them (--port=-1 / --rest_api_port=-1: the server picks and prints them) ->
-    (Popen, gRPC port, REST port or 0). Fails the test if it does not start in time."""
-    import select  # pylint: disable=import-outside-toplevel
-    args = [str(a) for a in args]
-    if not any(a.startswith("--port") for a in args):
-        args.append("--port=-1")
-    if not any(a.startswith("--rest_api_port") for a in args):
-        args.append("--rest_api_port=-1")
+    """Runs `slimserve-server ARGS` (behind `prefix`, e.g. prlimit) through the one launcher
+    (serving/tools/server_process.py: free ports picked by the server, dies with this
+    process) -> (Popen, gRPC port, REST port or 0), for tests that drive the raw process:
+    its stderr is a pipe unless `stderr` says otherwise. Fails the test if it does not
+    start in time."""
+    import shutil  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import server_process  # pylint: disable=import-outside-toplevel
     popen.setdefault("stderr", subprocess.PIPE)
-    process = subprocess.Popen(list(prefix) + [sys.executable, "-m", "slimserve.cli.server"]
-                               + args, stdout=subprocess.PIPE, text=True, **popen)
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    line = process.stdout.readline() if ready else ""
-    from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
+    command = [shutil.which(prefix[0]) or prefix[0]] + list(prefix[1:]) if prefix else []
     try:
-        return (process,) + server_lib.parse_ready_line(line)
-    except ValueError:
-        process.kill()
-        _, err = process.communicate(timeout=30)
-        raise AssertionError("slimserve-server did not start: %r\n%s"
-                             % (line, (err or "")[-4000:])) from None
+        server = server_process.ServerProcess(
+            args, label="test", start_timeout=timeout,
+            command=command + [sys.executable, "-m", server_process.SERVER_MODULE], **popen)
+    except server_process.ServerNotStarted as error:
+        raise AssertionError("%s\n%s" % (error, error.last_words[-4000:])) from None
+    return server.process, server.port, server.rest_port
 
 
 def require_tool(*names):

@@ -125,10 +125,11 @@ class ServerProcess:
     label: names the server in logs and errors. log_path: where its stderr goes (default: a
     temporary file removed by stop()). memory_cap: RLIMIT_AS in bytes (None: none).
     command: what runs instead of `python -m slimserve.cli.server` (e.g. another
-    interpreter). env, cwd: as for subprocess.Popen."""
+    interpreter). env, cwd: as for subprocess.Popen. stderr: subprocess.PIPE or DEVNULL
+    instead of the log file, for a caller that reads the pipe itself (`process.stderr`)."""
 
     def __init__(self, flags, label="slimserve-server", log_path=None, memory_cap=None,
-                 start_timeout=300.0, command=None, env=None, cwd=None):
+                 start_timeout=300.0, command=None, env=None, cwd=None, stderr=None):
         self.label = label
         self.flags = [str(f) for f in flags]
         argv = list(command or [sys.executable, "-m", SERVER_MODULE]) + list(self.flags)
@@ -136,21 +137,25 @@ class ServerProcess:
             argv.append("--port=-1")
         if not any(f.startswith("--rest_api_port") for f in self.flags):
             argv.append("--rest_api_port=-1")
-        self._own_log = log_path is None
-        if log_path is None:
-            handle, log_path = tempfile.mkstemp(prefix="slimserve-server-", suffix=".log")
-            os.close(handle)
+        self._own_log = log_path is None and stderr is None
+        self._log = None
+        if stderr is None:
+            if log_path is None:
+                handle, log_path = tempfile.mkstemp(prefix="slimserve-server-", suffix=".log")
+                os.close(handle)
+            self._log = open(log_path, "w")  # a file: a chatty server never blocks on a pipe
         self.log_path = log_path
-        self._log = open(log_path, "w")  # a file, so a chatty server never blocks on a pipe
         self.port = self.rest_port = 0
         self._stderr_kept = ""  # stderr_text() once stop() removed a temporary log
         try:
             self.process = subprocess.Popen(
-                launcher_argv(argv, memory_cap), stdout=subprocess.PIPE, stderr=self._log,
+                launcher_argv(argv, memory_cap), stdout=subprocess.PIPE,
+                stderr=self._log if stderr is None else stderr,
                 stdin=subprocess.DEVNULL,
                 text=True, start_new_session=True, env=env, cwd=cwd)  # ^C reaches the parent only
         except OSError:
-            self._log.close()
+            if self._log is not None:
+                self._log.close()
             raise
         try:
             with _LIVE_LOCK:
@@ -160,6 +165,8 @@ class ServerProcess:
             self.port, self.rest_port = server_lib.parse_ready_line(line)
         except ValueError:
             self.stop()
+            if self._log is None and stderr == subprocess.PIPE:
+                self._stderr_kept = self.process.stderr.read()  # it exited: read to the end
             words = self.last_words()
             logging.warning("%s: slimserve-server did not start; its stderr ends:\n%s",
                             label, words)
@@ -184,7 +191,10 @@ class ServerProcess:
         return self.process.poll() is None
 
     def stderr_text(self):
-        """Everything the server wrote to stderr so far."""
+        """Everything the server wrote to stderr so far (with `stderr` given: only what a
+        failed start left)."""
+        if self.log_path is None:
+            return self._stderr_kept
         try:
             with open(self.log_path, "rb") as handle:
                 return handle.read().decode("utf-8", "replace")
@@ -226,7 +236,7 @@ class ServerProcess:
             with _LIVE_LOCK:
                 _LIVE.discard(self)
             for stream in (self.process.stdout, self._log):
-                if not stream.closed:
+                if stream is not None and not stream.closed:
                     stream.close()
             if self._own_log and os.path.exists(self.log_path):
                 self._stderr_kept = self.stderr_text()
