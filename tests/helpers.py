@@ -40,6 +40,18 @@ def start_server_process(args, prefix=(), timeout=300, **popen):
     return server.process, server.port, server.rest_port
 
 
+def stop_process(process, timeout=30):
+    """Terminates a server child started by start_server_process and reaps it, killing it
+    if it ignores SIGTERM for `timeout` seconds, so no test leaves a process behind."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def require_tool(*names):
     """The path of the first of `names` on PATH. Missing, the test skips on a developer's
     machine but fails under CI=true: .ci/run installs every tool a test needs (iproute2's

@@ -31,7 +31,7 @@ from slimserve.serving.core import tensors
 from tests import helpers
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
-from tests.helpers import start_server_process
+from tests.helpers import start_server_process, stop_process
 
 ROOT = helpers.ROOT
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -375,9 +375,4 @@ def test_memory_stays_flat_under_200_hostile_requests(tiny_base, tmp_path):
             before / 1024.0, after / 1024.0, growth_mb, len(requests)))
         assert growth_mb < 100, growth_mb
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

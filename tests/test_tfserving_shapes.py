@@ -24,7 +24,7 @@ from slimserve.serving.config import model_config
 from slimserve.testing import half_plus_two
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
-from tests.helpers import start_server_process
+from tests.helpers import start_server_process, stop_process
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -354,12 +354,7 @@ def test_random_shapes_at_every_signature_never_take_the_server_down(bases, expo
             code.name: count for code, count in codes.items()})
         assert codes.get(grpc.StatusCode.OK, 0) > 20 and codes.get(INVALID, 0) > 20, codes
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def _rest_port(port, model, signature, body):
