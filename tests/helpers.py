@@ -1,10 +1,13 @@
 """What the test modules share besides fixtures: where the repository is, how a command
 runs as a user would run it, and which outside tools a test needs. Models, servers, waits
 and memory caps are in slimserve/testing/ (shared with the benchmarks)."""
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_SIZE = 32  # small enough for 2 cores, large enough for ResNet's five strides
@@ -50,6 +53,19 @@ def stop_process(process, timeout=30):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def rest_json(port, path, body=None, timeout=30):
+    """(status, decoded JSON answer) of a REST call on loopback, error statuses included:
+    a POST of `body` (bytes as sent, anything else as JSON), or a GET without one."""
+    url = "http://127.0.0.1:%d%s" % (port, path)
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data),
+                                    timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
 
 
 def require_tool(*names):

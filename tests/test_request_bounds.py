@@ -5,7 +5,6 @@ Real gRPC and HTTP on loopback against the tiny SavedModel (slimserve/testing/ti
 bounds do not depend on the model, only on its signatures.
 """
 import base64
-import json
 import re
 import subprocess
 import urllib.error
@@ -50,13 +49,6 @@ def server(tiny_base):
     instance = serve_in_process([model_config.ServedModel("tiny", tiny_base)])
     yield instance
     instance.stop()
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    channel = grpc.insecure_channel("127.0.0.1:%d" % server.port)
-    yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    channel.close()
 
 
 def _proto(**fields):
@@ -233,13 +225,7 @@ def test_responses_fill_typed_fields_as_tf_serving_examples_read_them(stub):
 
 
 def _rest(server, path, body):
-    url = "http://127.0.0.1:%d%s" % (server.rest_api_port, path)
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return helpers.rest_json(server.rest_api_port, path, body)
 
 
 @pytest.mark.parametrize("case, instances, message", [
