@@ -17,8 +17,6 @@ import common  # pylint: disable=wrong-import-order
 import request_rate  # pylint: disable=wrong-import-order
 import serve_harness  # pylint: disable=wrong-import-order
 
-import tensorflow as tf  # noqa: E402  (quieted by serve_harness)  pylint: disable=wrong-import-order
-
 from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
 
 
@@ -34,7 +32,6 @@ def main():
                         help="Serve bench_serve.py's resnet_v1_50 at this size (one real "
                              "JPEG per request) instead of the tiny model.")
     args = parser.parse_args()
-    from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
     if args.image_size:
         import make_photos  # pylint: disable=import-outside-toplevel
         photos = common.work_dir("photos")
@@ -46,11 +43,7 @@ def main():
         request = serve_harness.predict_requests(loadtest.load_images(photos)[:1])[0]
     else:
         model_name = "tiny"
-        base = serve_harness.tiny_model(os.path.join(common.WORK, "tiny_models", "tiny"))
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = "tiny"
-        request.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0, 2.0]], tf.float32))
-        request = request.SerializeToString()
+        base, request = serve_harness.tiny_request()
     body = json.dumps({"instances": [[1.0, 2.0]]}).encode()
     variants = args.variant or [""]
     servers = {}

@@ -61,6 +61,17 @@ def tiny_model(base):
     return base
 
 
+def tiny_request():
+    """(base path of tiny_model, a serialized one-row PredictRequest for it): the request
+    whose serving costs ~nothing, for the rows that measure the server itself."""
+    from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
+    base = tiny_model(os.path.join(common.WORK, "tiny_models", "tiny"))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "tiny"
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0, 2.0]], tf.float32))
+    return base, request.SerializeToString()
+
+
 def load_session(export_dir):
     session = tf.compat.v1.Session(graph=tf.Graph())
     meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)

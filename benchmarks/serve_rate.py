@@ -7,7 +7,6 @@ in every round.
     python benchmarks/bench_serve.py --sections=rate --rate_concurrency=32 --rate_seconds=4
 """
 import json
-import os
 import urllib.request
 
 import numpy as np
@@ -17,21 +16,14 @@ import echo_server  # pylint: disable=wrong-import-order
 import request_rate  # pylint: disable=wrong-import-order
 import serve_harness as harness  # pylint: disable=wrong-import-order
 
-import tensorflow as tf  # noqa: E402  (quieted by serve_harness)  pylint: disable=wrong-import-order
-
 
 def request_rates(concurrency, seconds, rounds, baseline_root=None):
     """Maximum request rate on the tiny model at `concurrency`: gRPC Predict vs a bare
     grpcio server answering at once with a reply of the same size, REST predict vs
     waitress serving a do-nothing app with the same threads, alternating in every round.
     -> {row name: [rate per round]}, errors per row."""
-    from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
     from slimserve.serving.api import rest_api as rest  # pylint: disable=import-outside-toplevel
-    base = harness.tiny_model(os.path.join(common.WORK, "tiny_models", "tiny"))
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "tiny"
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0, 2.0]], tf.float32))
-    request = request.SerializeToString()
+    base, request = harness.tiny_request()
     body = json.dumps({"instances": [[1.0, 2.0]]}).encode()
     path = "/v1/models/tiny:predict"
     servers, references = {}, []

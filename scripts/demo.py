@@ -68,6 +68,13 @@ def scalars(event_dir, tag):
     return sorted(points.items())
 
 
+def plot_scalars(axis, event_dir, tag, *style, label):
+    """Plots the scalar `tag` of event_dir's summaries, if it logged any."""
+    points = scalars(event_dir, tag)
+    if points:
+        axis.plot(*zip(*points), *style, label=label)
+
+
 def plot(report_png, run_dir, confusion, names):
     """Three panels: training loss (log axis), accuracies (0-1 axis), confusion matrix."""
     import matplotlib  # pylint: disable=import-outside-toplevel
@@ -76,12 +83,9 @@ def plot(report_png, run_dir, confusion, names):
     import matplotlib.ticker  # pylint: disable=import-outside-toplevel
     figure, (loss_axis, accuracy_axis, right) = plt.subplots(
         1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [1, 1, 1.1]})
-    points = scalars(run_dir, "loss")
-    if points:
-        loss_axis.plot(*zip(*points), label="training loss (with weight decay)")
-    points = scalars(os.path.join(run_dir, "eval"), "loss")
-    if points:
-        loss_axis.plot(*zip(*points), "o-", label="validation loss (with weight decay)")
+    plot_scalars(loss_axis, run_dir, "loss", label="training loss (with weight decay)")
+    plot_scalars(loss_axis, os.path.join(run_dir, "eval"), "loss", "o-",
+                 label="validation loss (with weight decay)")
     loss_axis.set_yscale("log")
     loss_axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     loss_axis.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -89,12 +93,9 @@ def plot(report_png, run_dir, confusion, names):
     loss_axis.set_ylabel("loss (log scale)")
     loss_axis.set_title("loss")
     loss_axis.legend()
-    points = scalars(run_dir, "train_accuracy")
-    if points:
-        accuracy_axis.plot(*zip(*points), label="training batch accuracy")
-    points = scalars(os.path.join(run_dir, "eval"), "accuracy")
-    if points:
-        accuracy_axis.plot(*zip(*points), "o-", label="validation accuracy")
+    plot_scalars(accuracy_axis, run_dir, "train_accuracy", label="training batch accuracy")
+    plot_scalars(accuracy_axis, os.path.join(run_dir, "eval"), "accuracy", "o-",
+                 label="validation accuracy")
     accuracy_axis.set_ylim(0, 1.02)
     accuracy_axis.set_xlabel("global step")
     accuracy_axis.set_ylabel("accuracy")
@@ -117,35 +118,49 @@ def plot(report_png, run_dir, confusion, names):
     figure.savefig(report_png, dpi=100)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work_dir", default=os.path.join(ROOT, "demo_out"),
-                        help="Where every artefact goes (removed first with --fresh).")
-    parser.add_argument("--fresh", action="store_true", help="Delete --work_dir first.")
+def add_flag_file_arguments(parser):
+    """--source_flags and --finetune_flags: the training flag files both demos run."""
     parser.add_argument("--source_flags", default=os.path.join(ROOT, "configs",
                                                                "digits_source.flags"))
     parser.add_argument("--finetune_flags", default=os.path.join(ROOT, "configs",
                                                                  "digits_finetune.flags"))
-    parser.add_argument("--source_classes", default="0,1,2,3,4",
-                        help="Digits of the source task the stand-in checkpoint learns.")
-    parser.add_argument("--image_size", type=int, default=32, help="Side of digit images.")
-    parser.add_argument("--enable_batching", action="store_true",
-                        help="Serve with server-side batching.")
-    args = parser.parse_args(argv)
+
+
+def quiet_logging():
+    """The in-process stages log as the train stage does: time and message, no
+    "INFO:root:" prefixes and no TensorFlow INFO ("Restoring parameters ...")."""
     from slimserve.cli import logs  # pylint: disable=import-outside-toplevel
     import logging  # pylint: disable=import-outside-toplevel
-    # The in-process serving stage logs as the train stage does: time and message, no
-    # "INFO:root:" prefixes and no TensorFlow INFO ("Restoring parameters ...").
     logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO)
     logs.quiet_tensorflow()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf.get_logger().setLevel(logging.WARNING)
 
-    work = os.path.abspath(args.work_dir)
-    if args.fresh and os.path.exists(work):
+
+def make_work_dir(work_dir, fresh):
+    """The absolute --work_dir, emptied first with --fresh."""
+    work = os.path.abspath(work_dir)
+    if fresh and os.path.exists(work):
         shutil.rmtree(work)
     os.makedirs(work, exist_ok=True)
+    return work
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work_dir", default=os.path.join(ROOT, "demo_out"),
+                        help="Where every artefact goes (removed first with --fresh).")
+    parser.add_argument("--fresh", action="store_true", help="Delete --work_dir first.")
+    add_flag_file_arguments(parser)
+    parser.add_argument("--source_classes", default="0,1,2,3,4",
+                        help="Digits of the source task the stand-in checkpoint learns.")
+    parser.add_argument("--image_size", type=int, default=32, help="Side of digit images.")
+    parser.add_argument("--enable_batching", action="store_true",
+                        help="Serve with server-side batching.")
+    args = parser.parse_args(argv)
+    quiet_logging()
+    work = make_work_dir(args.work_dir, args.fresh)
     paths = {name: os.path.join(work, name) for name in (
         "images", "source_images", "data", "source_data", "source_run", "run")}
     timings = {}

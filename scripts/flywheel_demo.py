@@ -234,25 +234,13 @@ def main(argv=None):
     parser.add_argument("--window_step", type=int, default=20, help="Drift window step.")
     parser.add_argument("--retrain_steps", type=int, default=150,
                         help="Fine-tuning steps of each retraining.")
-    parser.add_argument("--source_flags", default=os.path.join(ROOT, "configs",
-                                                               "digits_source.flags"))
-    parser.add_argument("--finetune_flags", default=os.path.join(ROOT, "configs",
-                                                                 "digits_finetune.flags"))
+    demo.add_flag_file_arguments(parser)
     args = parser.parse_args(argv)
-    from slimserve.cli import logs  # pylint: disable=import-outside-toplevel
-    import logging  # pylint: disable=import-outside-toplevel
-    logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
-                        level=logging.INFO)
-    logs.quiet_tensorflow()
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    tf.get_logger().setLevel(logging.WARNING)
+    demo.quiet_logging()
     from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
     from slimserve.testing import digits_traffic  # pylint: disable=import-outside-toplevel
 
-    work = os.path.abspath(args.work_dir)
-    if args.fresh and os.path.exists(work):
-        shutil.rmtree(work)
-    os.makedirs(work, exist_ok=True)
+    work = demo.make_work_dir(args.work_dir, args.fresh)
     path = lambda *names: os.path.join(work, *names)  # noqa: E731
     timings, started = {}, time.time()
     bar = [] if sys.stdout.isatty() else ["--noprogress"]

@@ -112,6 +112,16 @@ class _Collector:
         self._count()
         self.skipped.append({"path": path, "reason": reason})
 
+    def add_file(self, path, name, label, suffixes):
+        """Adds a file named `name`, or skips it when hidden or of another suffix: one rule
+        for the root's files and those of every folder below."""
+        if name.startswith("."):
+            self.skip(path, HIDDEN_FILE)
+        elif suffixes and not name.lower().endswith(suffixes):
+            self.skip(path, _suffix_reason(suffixes))
+        else:
+            self.add(path, label)
+
 
 def _suffix_reason(suffixes):
     return "not a %s file" % "/".join(s.lstrip(".") for s in suffixes)
@@ -136,13 +146,7 @@ def _walk(folder, label, collector, suffixes, files):
                 kept.append(name)
         dirnames[:] = kept
         for name in sorted(filenames):
-            path = files.join(dirpath, name)
-            if name.startswith("."):
-                collector.skip(path, HIDDEN_FILE)
-            elif suffixes and not name.lower().endswith(suffixes):
-                collector.skip(path, _suffix_reason(suffixes))
-            else:
-                collector.add(path, label)
+            collector.add_file(files.join(dirpath, name), name, label, suffixes)
 
 
 def list_folder(root, labels=None, suffixes=None, max_entries=MAX_ENTRIES, files=LOCAL):
@@ -165,12 +169,8 @@ def list_folder(root, labels=None, suffixes=None, max_entries=MAX_ENTRIES, files
         if not files.isdir(path):
             if labels == "required":
                 collector.skip(path, OUTSIDE_CLASS)
-            elif name.startswith("."):
-                collector.skip(path, HIDDEN_FILE)
-            elif suffixes and not name.lower().endswith(suffixes):
-                collector.skip(path, _suffix_reason(suffixes))
             else:
-                collector.add(path, None)
+                collector.add_file(path, name, None, suffixes)
         elif name.startswith("."):
             collector.skip(path, HIDDEN_FOLDER)
         else:

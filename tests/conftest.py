@@ -1,7 +1,8 @@
-"""Shared real-data fixtures: the digits image tree, its TFRecords, and small slim
-checkpoints made by the tests themselves (no downloads). Each is built once per run for
-all pytest-xdist workers (tests/run_once.py) and read-only: a test that changes one works
-on a copy. The run's order and work units are tests/scheduling.py's."""
+"""Shared fixtures. Real data: the digits image tree, its TFRecords, and small slim
+checkpoints made by the tests themselves (no downloads), each built once per run for all
+pytest-xdist workers (tests/run_once.py) and read-only: a test that changes one works on a
+copy. `stub`: a PredictionService stub on the gRPC port of the requesting module's own
+`server` fixture. The run's order and work units are tests/scheduling.py's."""
 import os
 import sys
 
@@ -24,6 +25,16 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     scheduling.arrange(items, scheduling.units_path(config) if worker else None)
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    """A PredictionService stub on the gRPC port of the module's own `server` fixture."""
+    import grpc  # pylint: disable=import-outside-toplevel
+    from tensorflow_serving.apis import (  # pylint: disable=import-outside-toplevel
+        prediction_service_pb2_grpc)
+    with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
 @pytest.fixture(scope="session")

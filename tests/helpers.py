@@ -1,10 +1,13 @@
 """What the test modules share besides fixtures: where the repository is, how a command
 runs as a user would run it, and which outside tools a test needs. Models, servers, waits
 and memory caps are in slimserve/testing/ (shared with the benchmarks)."""
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_SIZE = 32  # small enough for 2 cores, large enough for ResNet's five strides
@@ -38,6 +41,31 @@ def start_server_process(args, prefix=(), timeout=300, **popen):
     except server_process.ServerNotStarted as error:
         raise AssertionError("%s\n%s" % (error, error.last_words[-4000:])) from None
     return server.process, server.port, server.rest_port
+
+
+def stop_process(process, timeout=30):
+    """Terminates a server child started by start_server_process and reaps it, killing it
+    if it ignores SIGTERM for `timeout` seconds, so no test leaves a process behind."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def rest_json(port, path, body=None, timeout=30):
+    """(status, decoded JSON answer) of a REST call on loopback, error statuses included:
+    a POST of `body` (bytes as sent, anything else as JSON), or a GET without one."""
+    url = "http://127.0.0.1:%d%s" % (port, path)
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data),
+                                    timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
 
 
 def require_tool(*names):

@@ -177,35 +177,32 @@ def test_a_burst_after_idle_waits_at_most_the_bound(quick):
     _assert_within_bound(records, bound)
 
 
-def test_a_slow_model_is_held_at_most_the_bound(slow):
-    """A run costs far more than the bound, so what merging would save (and so the hold
-    the cost model alone would allow) is far above it: every hold stops at the bound."""
-    bound = 0.03
+def _held_within_bound(servable, bound, each):
+    """Three closed-loop clients through an adaptive batcher bounded at `bound` seconds:
+    every answer is right and every hold stays within the bound -> (batcher, results)."""
     batcher = batching.Batcher(_adaptive(bound))
     try:
-        results = _closed_loop(batcher, slow, clients=3, each=5)
+        results = _closed_loop(batcher, servable, clients=3, each=each)
     finally:
         batcher.stop()
     for x, out in results:
         np.testing.assert_array_equal(out["doubled"], 2 * x)
-    records = _records(batcher, slow)
-    _assert_within_bound(records, bound)
+    _assert_within_bound(_records(batcher, servable), bound)
+    return batcher, results
+
+
+def test_a_slow_model_is_held_at_most_the_bound(slow):
+    """A run costs far more than the bound, so what merging would save (and so the hold
+    the cost model alone would allow) is far above it: every hold stops at the bound."""
+    batcher, _ = _held_within_bound(slow, 0.03, each=5)
     (state,) = batcher.learners()
     assert state["line"] or state["line_overlapped"]  # it learned the model's cost
 
 
 def test_a_cost_not_monotonic_in_the_batch_size_is_held_at_most_the_bound(uneven):
-    bound = 0.03
-    batcher = batching.Batcher(_adaptive(bound))
-    try:
-        results = _closed_loop(batcher, uneven, clients=3, each=6)
-    finally:
-        batcher.stop()
-    for x, out in results:
-        np.testing.assert_array_equal(out["doubled"], 2 * x)
+    batcher, results = _held_within_bound(uneven, 0.03, each=6)
+    for _, out in results:
         assert out["rows"][0] >= 1
-    records = _records(batcher, uneven)
-    _assert_within_bound(records, bound)
     sizes = {size for size, _, _, _ in batcher.learners()[0]["cost"]}
     assert sizes  # measured sizes, odd and even alike, are what it decides by
 

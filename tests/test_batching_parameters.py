@@ -181,6 +181,16 @@ def _probe_with(base, batching_text=None):
     return base
 
 
+def _serve(bases, common=None, per_model=True):
+    """The probe models {name: base} in process, without warmup or REST, batched by
+    `common` (default parameters), with --enable_per_model_batching_parameters."""
+    return serve_in_process(
+        [model_config.ServedModel(name, base) for name, base in bases.items()],
+        enable_model_warmup=False, rest_api_port=0,
+        batching_parameters=common or batching.BatchingParameters(),
+        enable_per_model_batching_parameters=per_model)
+
+
 def test_per_model_batching_parameters(tmp_path):
     """With --enable_per_model_batching_parameters a version's own batching_params.pbtxt
     decides how it is batched; a version without one is not batched at all."""
@@ -188,10 +198,7 @@ def test_per_model_batching_parameters(tmp_path):
                       "max_batch_size { value: 4 } allowed_batch_sizes: 4")
     none = _probe_with(str(tmp_path / "none"))
     common = batching.BatchingParameters(max_batch_size=16, allowed_batch_sizes=(16,))
-    server = serve_in_process(
-        [model_config.ServedModel("own", own), model_config.ServedModel("none", none)],
-        enable_model_warmup=False, rest_api_port=0, batching_parameters=common,
-        enable_per_model_batching_parameters=True)
+    server = _serve({"own": own, "none": none}, common)
     try:
         assert _predict(server.port, "own", _rows(1))["rows"].tolist() == [4]  # its own file
         assert server.batcher.batches_run == 1
@@ -200,9 +207,7 @@ def test_per_model_batching_parameters(tmp_path):
     finally:
         server.stop()
     # without the flag both use the server's parameters
-    server = serve_in_process(
-        [model_config.ServedModel("own", own), model_config.ServedModel("none", none)],
-        enable_model_warmup=False, rest_api_port=0, batching_parameters=common)
+    server = _serve({"own": own, "none": none}, common, per_model=False)
     try:
         assert _predict(server.port, "own", _rows(1))["rows"].tolist() == [16]
         assert _predict(server.port, "none", _rows(1))["rows"].tolist() == [16]
@@ -212,10 +217,7 @@ def test_per_model_batching_parameters(tmp_path):
 
 def test_per_model_file_that_does_not_parse_fails_the_load(tmp_path):
     bad = _probe_with(str(tmp_path / "bad"), "max_batch_size: 4")
-    server = serve_in_process([model_config.ServedModel("bad", bad)],
-                              enable_model_warmup=False, rest_api_port=0,
-                              batching_parameters=batching.BatchingParameters(),
-                              enable_per_model_batching_parameters=True)
+    server = _serve({"bad": bad})
     try:
         ((version, state, error),) = server.manager.status("bad")
         assert (version, state) == (1, "END")
@@ -381,10 +383,7 @@ def test_batch_threads_the_process_cannot_start_are_a_clean_error(monkeypatch):
 
 def test_a_per_model_file_out_of_bound_keeps_the_old_version_serving(tmp_path):
     base = _probe_with(str(tmp_path / "probe"), "max_batch_size { value: 4 }")
-    server = serve_in_process([model_config.ServedModel("probe", base)],
-                              enable_model_warmup=False, rest_api_port=0,
-                              batching_parameters=batching.BatchingParameters(),
-                              enable_per_model_batching_parameters=True)
+    server = _serve({"probe": base})
     try:
         tiny_models.write_batch_probe_model(base, version=2)
         bad = os.path.join(base, "2", "assets.extra", "batching_params.pbtxt")

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve.serving.tools import compare
+from slimserve.testing.saved_models import signature, write_saved_model
 from tests.helpers import ROOT
 
 LABELS = ("cat", "dog")
@@ -23,9 +24,7 @@ def _write_model(base, version, scale=(1.0, 1.0), refuse_from=None, labels=LABEL
     swapped when `swap`), classes argmax; with `refuse_from`, a request holding a row whose
     x0 >= refuse_from fails (InvalidArgument), as a candidate with a new input check
     would. assets/labels.txt names the classes."""
-    path = os.path.join(base, str(version))
-    graph = tf.Graph()
-    with graph.as_default():
+    def build():
         x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
         logits = x * tf.constant([scale], tf.float32)
         if swap:
@@ -36,16 +35,10 @@ def _write_model(base, version, scale=(1.0, 1.0), refuse_from=None, labels=LABEL
                 logits = tf.identity(logits)
         probabilities = tf.nn.softmax(logits)
         classes = tf.argmax(probabilities, axis=1)
-        info = tf.compat.v1.saved_model.utils.build_tensor_info
-        signature = tf.compat.v1.saved_model.signature_def_utils.build_signature_def(
-            {"x": info(x)}, {"probabilities": info(probabilities), "classes": info(classes)},
-            tf.saved_model.PREDICT_METHOD_NAME)
-        with tf.compat.v1.Session(graph=graph) as session:
-            builder = tf.compat.v1.saved_model.Builder(path)
-            builder.add_meta_graph_and_variables(
-                session, [tf.saved_model.SERVING],
-                signature_def_map={"serving_default": signature})
-            builder.save()
+        return {"serving_default": signature(
+            {"x": x}, {"probabilities": probabilities, "classes": classes})}
+
+    path = write_saved_model(os.path.join(base, str(version)), build)
     os.makedirs(os.path.join(path, "assets"), exist_ok=True)
     with open(os.path.join(path, "assets", "labels.txt"), "w") as handle:
         handle.write("".join("%d:%s\n" % item for item in enumerate(labels)))

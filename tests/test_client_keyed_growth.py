@@ -17,7 +17,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.testing import tiny_models
-from tests.helpers import start_server_process
+from tests.helpers import start_server_process, stop_process
 
 CAP = ["prlimit", "--as=%d" % (3 * 1024 ** 3)]
 
@@ -74,12 +74,7 @@ def server(tmp_path_factory):
          "--enable_model_warmup=false", "--status_page"], prefix=CAP,
         stderr=subprocess.DEVNULL)
     yield process, port, rest_port
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, timeout=60)
 
 
 def test_one_huge_unknown_model_name_keeps_no_memory(server):

@@ -4,14 +4,11 @@ not serve; a client pointed at a port where nothing listens.
 
 The hints ride on answers only with --error_hints (TF Serving's exact messages
 otherwise, the hints then in the server log); these tests turn it on."""
-import json
 import logging
 import os
 import shutil
 import socket
 import threading
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
@@ -22,7 +19,7 @@ from slimserve.serving.core import version_dirs
 from slimserve.serving.tools import client as client_lib
 from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
-from tests.helpers import ROOT, run_cli, start_server_process
+from tests.helpers import ROOT, rest_json, run_cli, start_server_process
 from slimserve.testing.tiny_models import write_tiny_model
 
 SERVABLE_NOT_FOUND = "Servable not found for request: Latest(%s)"
@@ -58,12 +55,7 @@ def server(bases):
 
 
 def _rest(server, path):
-    url = "http://127.0.0.1:%d%s" % (server.rest_api_port, path)
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return rest_json(server.rest_api_port, path)
 
 
 def test_each_base_path_problem_has_its_own_message(bases):

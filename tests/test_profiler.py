@@ -70,6 +70,14 @@ def _call(port, method, request, response_class, timeout=60):
         return call(request, timeout=timeout)
 
 
+def _profile_request(repository_root, session_id="run", duration_ms=10):
+    """A ProfileRequest as TF's profiler client sends it, for host `here`."""
+    request = profiler_service.ProfileRequest(
+        repository_root=str(repository_root), session_id=session_id, host_name="here")
+    request.opts.duration_ms = duration_ms
+    return request
+
+
 def test_tensorflows_profiler_clients_trace_the_served_model(tiny_base, tmp_path):
     """TF Serving's test_profiler_service_with_valid_trace_request, plus what it leaves
     unchecked: the trace lands in <logdir>/plugins/profile/<run>/ (the logdir inside
@@ -100,10 +108,7 @@ def test_without_a_log_dir_the_trace_comes_back_and_nothing_is_written(tiny_base
     where a request's repository_root points."""
     server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0)
     logdir, elsewhere = tmp_path / "logs", tmp_path / "elsewhere"
-    request = profiler_service.ProfileRequest(
-        repository_root=str(elsewhere / "plugins" / "profile"), session_id="run",
-        host_name="here")
-    request.opts.duration_ms = 500
+    request = _profile_request(elsewhere / "plugins" / "profile", duration_ms=500)
     try:
         with _Traffic(server.port):
             profiler_client.trace("localhost:%d" % server.port, str(logdir), 300, "", 10)
@@ -124,12 +129,9 @@ def test_without_a_log_dir_the_trace_comes_back_and_nothing_is_written(tiny_base
 def test_terminate_ends_a_profile_early(tiny_base, tmp_path):
     server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
                               profiler_log_dir=str(tmp_path))
-    request = profiler_service.ProfileRequest(
-        repository_root=str(tmp_path / "plugins" / "profile"), session_id="run1",
-        host_name="here")
+    request = _profile_request(tmp_path / "plugins" / "profile", "run1", duration_ms=50000)
     request.opts.version = 1
     request.opts.host_tracer_level = 2
-    request.opts.duration_ms = 50000
     answers = []
     try:
         started = time.monotonic()
@@ -160,10 +162,7 @@ def test_a_profile_request_cannot_run_long_or_write_elsewhere(tiny_base, tmp_pat
                                                               value, message):
     server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
                               profiler_log_dir=str(tmp_path))
-    request = profiler_service.ProfileRequest(
-        repository_root=str(tmp_path / "plugins" / "profile"), session_id="run",
-        host_name="here")
-    request.opts.duration_ms = 10
+    request = _profile_request(tmp_path / "plugins" / "profile")
     if field == "duration_ms":
         request.opts.duration_ms = value
     else:
@@ -213,10 +212,7 @@ def test_no_repository_root_leads_out_of_the_log_dir(tiny_base, escape, root, se
     before = _snapshot(outside)
     server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
                               profiler_log_dir=str(allowed))
-    request = profiler_service.ProfileRequest(
-        repository_root=root.format(allowed=allowed, outside=outside), session_id=session,
-        host_name="here")
-    request.opts.duration_ms = 10
+    request = _profile_request(root.format(allowed=allowed, outside=outside), session)
     try:
         with pytest.raises(grpc.RpcError) as refused:
             _call(server.port, "Profile", request, profiler_service.ProfileResponse)
@@ -240,9 +236,7 @@ def test_a_relative_root_lands_inside_and_a_planted_symlink_is_replaced(tiny_bas
                               profiler_log_dir=str(allowed))
     try:
         for session in ("run1", "run2"):
-            request = profiler_service.ProfileRequest(
-                repository_root="logs/plugins/profile", session_id=session, host_name="here")
-            request.opts.duration_ms = 50
+            request = _profile_request("logs/plugins/profile", session, duration_ms=50)
             response = _call(server.port, "Profile", request,
                              profiler_service.ProfileResponse)
             assert not response.tool_data  # written, not returned
@@ -266,10 +260,7 @@ def test_profiler_log_dir_must_be_a_directory(tiny_base, tmp_path):
 def test_enable_profiler_false_leaves_the_service_out(tiny_base, tmp_path):
     server = serve_in_process([ServedModel("tiny", tiny_base)], rest_api_port=0,
                               enable_profiler=False)
-    request = profiler_service.ProfileRequest(
-        repository_root=str(tmp_path / "plugins" / "profile"), session_id="run",
-        host_name="here")
-    request.opts.duration_ms = 10
+    request = _profile_request(tmp_path / "plugins" / "profile")
     try:
         with pytest.raises(grpc.RpcError) as missing:
             _call(server.port, "Profile", request, profiler_service.ProfileResponse)

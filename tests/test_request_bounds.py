@@ -5,7 +5,6 @@ Real gRPC and HTTP on loopback against the tiny SavedModel (slimserve/testing/ti
 bounds do not depend on the model, only on its signatures.
 """
 import base64
-import json
 import re
 import subprocess
 import urllib.error
@@ -31,7 +30,7 @@ from slimserve.serving.core import tensors
 from tests import helpers
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
-from tests.helpers import start_server_process
+from tests.helpers import start_server_process, stop_process
 
 ROOT = helpers.ROOT
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -50,13 +49,6 @@ def server(tiny_base):
     instance = serve_in_process([model_config.ServedModel("tiny", tiny_base)])
     yield instance
     instance.stop()
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    channel = grpc.insecure_channel("127.0.0.1:%d" % server.port)
-    yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    channel.close()
 
 
 def _proto(**fields):
@@ -233,13 +225,7 @@ def test_responses_fill_typed_fields_as_tf_serving_examples_read_them(stub):
 
 
 def _rest(server, path, body):
-    url = "http://127.0.0.1:%d%s" % (server.rest_api_port, path)
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return helpers.rest_json(server.rest_api_port, path, body)
 
 
 @pytest.mark.parametrize("case, instances, message", [
@@ -375,9 +361,4 @@ def test_memory_stays_flat_under_200_hostile_requests(tiny_base, tmp_path):
             before / 1024.0, after / 1024.0, growth_mb, len(requests)))
         assert growth_mb < 100, growth_mb
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

@@ -26,7 +26,7 @@ from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import wait_until
-from tests.helpers import ROOT, start_server_process
+from tests.helpers import ROOT, start_server_process, stop_process
 
 CAP = ["prlimit", "--as=%d" % (3 * 1024 ** 3)]  # a regression fails instead of swapping
 
@@ -228,16 +228,6 @@ def _complete_records(path):
         return -1
 
 
-def _stop(process):
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def test_flush_on_sigusr1_and_records_survive_kill_9(tmp_path):
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base, 1)
@@ -266,7 +256,7 @@ def test_flush_on_sigusr1_and_records_survive_kill_9(tmp_path):
         process.kill()  # kill -9: no flush, no publish
         process.wait(timeout=30)
     finally:
-        _stop(process)
+        stop_process(process, timeout=60)
     with open(temp, "ab") as handle:  # and a torn last record, as a crash mid-write
         handle.write(b"\x30\x00\x00\x00\x00\x00\x00\x00\x12\x34")
     # The readers recover the dead writer's complete records ...
@@ -284,7 +274,7 @@ def test_flush_on_sigusr1_and_records_survive_kill_9(tmp_path):
         assert len(request_log.read_logs(prefix + "*", report=report)) == 39
         assert len(report) == 2 and not any(r.torn_bytes or r.recovered for r in report)
     finally:
-        _stop(process)
+        stop_process(process, timeout=60)
 
 
 def test_large_logged_requests_from_six_clients_do_not_kill_the_server(tmp_path):
@@ -326,4 +316,4 @@ def test_large_logged_requests_from_six_clients_do_not_kill_the_server(tmp_path)
                   if f.name == metrics_lib.REQUEST_LOG_COUNT for s in f.samples}
         assert counts["RESOURCE_EXHAUSTED"] > 0 and counts["OK"] > 0, counts
     finally:
-        _stop(process)
+        stop_process(process, timeout=60)

@@ -20,6 +20,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from slimserve.serving.core import batching
 from slimserve.serving.config import model_config
 from slimserve.testing import tiny_models
+from slimserve.testing.saved_models import signature, write_saved_model
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import require_tool, start_server_process
 
@@ -30,19 +31,11 @@ MAX_BODY = 64 * 1024
 
 def _write_int64_model(base_path):
     """`ids` int64 [-1] -> `twice` = 2 * ids: the JSON integer rules need an int64 input."""
-    path = os.path.join(base_path, "1")
-    graph = tf.Graph()
-    with graph.as_default():
+    def build():
         ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
-        info = tf.compat.v1.saved_model.utils.build_tensor_info
-        signature = tf.compat.v1.saved_model.signature_def_utils.build_signature_def(
-            {"ids": info(ids)}, {"twice": info(ids * 2)}, tiny_models.PREDICT_METHOD)
-        with tf.compat.v1.Session(graph=graph) as session:
-            builder = tf.compat.v1.saved_model.Builder(path)
-            builder.add_meta_graph_and_variables(
-                session, [tf.saved_model.SERVING],
-                signature_def_map={"serving_default": signature})
-            builder.save()
+        return {"serving_default": signature({"ids": ids}, {"twice": ids * 2})}
+
+    write_saved_model(os.path.join(base_path, "1"), build)
 
 
 @pytest.fixture(scope="module")

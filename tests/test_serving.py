@@ -29,7 +29,7 @@ from slimserve.serving.tools import client as client_lib
 from slimserve.serving.observability import metrics
 from slimserve.serving.config import model_config
 from slimserve.testing.servers import serve_in_process, wait_until
-from tests.helpers import start_server_process
+from tests.helpers import rest_json, start_server_process
 
 
 def _images(data_dir, count):
@@ -79,14 +79,8 @@ def _in_process(export_dir, images):
                                     {signatures.IMAGE_BYTES: np.array(images, dtype=object)})
 
 
-def _rest(server, path, body=None, raw=None):
-    url = "http://127.0.0.1:%d%s" % (server.rest_api_port, path)
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+def _rest(server, path, body=None):
+    return rest_json(server.rest_api_port, path, body)
 
 
 def test_grpc_predictions_equal_in_process_results(client, export_dir, digits_data):
@@ -181,8 +175,7 @@ def test_unknown_output_filter_is_invalid(client, digits_data):
     ("bad path", "/v1/nothing", {"instances": []}, 400),  # TF Serving: Malformed request
 ])
 def test_rest_error_battery(server, case, path, body, status):
-    raw = body if isinstance(body, bytes) else None
-    code, payload = _rest(server, path, None if raw else body, raw=raw)
+    code, payload = _rest(server, path, body)
     assert code == status, (case, payload)
     assert payload["error"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import wait_until
-from tests.helpers import start_server_process
+from tests.helpers import start_server_process, stop_process
 
 TRICKLERS = 262  # past the default --rest_connection_limit=256, as the attack that found it
 HEADER_TIMEOUT = 12  # longer than the valid clients' 5 s timeouts: only shedding lets them in
@@ -151,9 +151,4 @@ def test_trickling_clients_never_lock_out_rest(tiny_base):
             trickle.stop()
         for sock in sockets:
             sock.close()
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

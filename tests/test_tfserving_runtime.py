@@ -18,6 +18,7 @@ from slimserve import conventions
 from slimserve.serving.config import model_config
 from slimserve.serving.core import manager as manager_lib
 from slimserve.testing import tiny_models
+from slimserve.testing.saved_models import signature, write_saved_model
 from slimserve.testing.servers import serve_in_process, wait_until
 from tests.helpers import ROOT, start_server_process
 
@@ -25,28 +26,13 @@ from tests.helpers import ROOT, start_server_process
 def _counter_model(base, version=1):
     """`bump` adds 1 to a counter variable per run; `read` returns it. Its warmup file
     holds one `bump` request."""
-    path = os.path.join(base, str(version))
-    v1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default():
-        counter = v1.get_variable("counter", initializer=0.0, use_resource=True)
-        x = v1.placeholder(tf.float32, [None], name="x")
-        bumped = x * 0.0 + counter.assign_add(1.0)
-        read = x * 0.0 + counter.read_value()
-        info = v1.saved_model.utils.build_tensor_info
-        build = v1.saved_model.signature_def_utils.build_signature_def
-        signatures = {
-            "bump": build({"x": info(x)}, {"y": info(bumped)},
-                          tf.saved_model.PREDICT_METHOD_NAME),
-            "serving_default": build({"x": info(x)}, {"y": info(read)},
-                                     tf.saved_model.PREDICT_METHOD_NAME),
-        }
-        with v1.Session(graph=graph) as session:
-            session.run(v1.global_variables_initializer())
-            builder = v1.saved_model.Builder(path)
-            builder.add_meta_graph_and_variables(session, [tf.saved_model.SERVING],
-                                                 signature_def_map=signatures)
-            builder.save()
+    def build():
+        counter = tf.compat.v1.get_variable("counter", initializer=0.0, use_resource=True)
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        return {"bump": signature({"x": x}, {"y": x * 0.0 + counter.assign_add(1.0)}),
+                "serving_default": signature({"x": x}, {"y": x * 0.0 + counter.read_value()})}
+
+    path = write_saved_model(os.path.join(base, str(version)), build)
     log = prediction_log_pb2.PredictionLog()
     log.predict_log.request.model_spec.signature_name = "bump"
     log.predict_log.request.inputs["x"].CopyFrom(tf.make_tensor_proto([1.0]))

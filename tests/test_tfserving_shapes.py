@@ -24,7 +24,7 @@ from slimserve.serving.config import model_config
 from slimserve.testing import half_plus_two
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
-from tests.helpers import start_server_process
+from tests.helpers import rest_json, start_server_process, stop_process
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -46,13 +46,6 @@ def server(bases):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def stub(server):
-    channel = grpc.insecure_channel("127.0.0.1:%d" % server.port)
-    yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    channel.close()
-
-
 def _request(model, inputs, signature=""):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
@@ -63,13 +56,7 @@ def _request(model, inputs, signature=""):
 
 
 def _rest(server, path, body):
-    url = "http://127.0.0.1:%d%s" % (server.rest_api_port, path)
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return rest_json(server.rest_api_port, path, body, timeout=60)
 
 
 @pytest.mark.parametrize("shape", [[1], [3], [], [2, 2], [1, 1], [0], [2, 0, 3]])
@@ -354,12 +341,7 @@ def test_random_shapes_at_every_signature_never_take_the_server_down(bases, expo
             code.name: count for code, count in codes.items()})
         assert codes.get(grpc.StatusCode.OK, 0) > 20 and codes.get(INVALID, 0) > 20, codes
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def _rest_port(port, model, signature, body):

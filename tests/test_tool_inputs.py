@@ -12,26 +12,19 @@ from PIL import Image
 
 from slimserve.export import warmup
 from slimserve.testing.commands import run_command
+from slimserve.testing.saved_models import signature, write_saved_model
 from tests.helpers import run_cli, start_server_process
 
 
 def _write_string_model(base):
     """serving_default: `encoded` string [-1] -> `length` int32 [-1]; a model whose one
     string input is not called image_bytes."""
-    path = os.path.join(base, "1")
-    graph = tf.Graph()
-    with graph.as_default():
+    def build():
         encoded = tf.compat.v1.placeholder(tf.string, [None], name="encoded")
-        info = tf.compat.v1.saved_model.utils.build_tensor_info
-        signature = tf.compat.v1.saved_model.signature_def_utils.build_signature_def(
-            {"encoded": info(encoded)}, {"length": info(tf.strings.length(encoded))},
-            tf.saved_model.PREDICT_METHOD_NAME)
-        with tf.compat.v1.Session(graph=graph) as session:
-            builder = tf.compat.v1.saved_model.Builder(path)
-            builder.add_meta_graph_and_variables(
-                session, [tf.saved_model.SERVING],
-                signature_def_map={"serving_default": signature})
-            builder.save()
+        return {"serving_default": signature({"encoded": encoded},
+                                             {"length": tf.strings.length(encoded)})}
+
+    write_saved_model(os.path.join(base, "1"), build)
 
 
 def test_loadtest_sends_to_the_input_the_signature_names(tmp_path):

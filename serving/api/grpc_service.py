@@ -129,16 +129,23 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._log(name, "predict", request, response, response.model_spec)
         return response
 
+    def _on_examples(self, api, request, context):
+        """Runs a Classify or Regress request (`api`: "classify" or "regress"), observed
+        -> (model name, version, signature name, [the results])."""
+        name, version, label = model_spec_args(request.model_spec)
+        with self._service.observe(name, api) as call:
+            _spec_of(request)
+            version, sig_name, *results = getattr(self._service, api)(
+                name, version, label, request.model_spec.signature_name,
+                serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
+            call.version, call.signature = version, sig_name
+        return name, version, sig_name, results
+
     @_internal_errors
     def Classify(self, request, context):  # noqa: N802
-        name, version, label = model_spec_args(request.model_spec)
         try:
-            with self._service.observe(name, "classify") as call:
-                _spec_of(request)
-                version, sig_name, classes, scores = self._service.classify(
-                    name, version, label, request.model_spec.signature_name,
-                    serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
-                call.version, call.signature = version, sig_name
+            name, version, sig_name, (classes, scores) = self._on_examples(
+                "classify", request, context)
         except errors.ServingError as error:
             return _abort(context, error)
         response = classification_pb2.ClassificationResponse()
@@ -149,14 +156,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @_internal_errors
     def Regress(self, request, context):  # noqa: N802
-        name, version, label = model_spec_args(request.model_spec)
         try:
-            with self._service.observe(name, "regress") as call:
-                _spec_of(request)
-                version, sig_name, outputs = self._service.regress(
-                    name, version, label, request.model_spec.signature_name,
-                    serialized_examples(request.input), deadlines.Deadline.from_grpc(context))
-                call.version, call.signature = version, sig_name
+            name, version, sig_name, (outputs,) = self._on_examples("regress", request, context)
         except errors.ServingError as error:
             return _abort(context, error)
         response = regression_pb2.RegressionResponse()

@@ -58,29 +58,19 @@ def read_text(path, message_class, flag):
     return parse_text(text, message_class, where)
 
 
-def read_model_server_config(path, flag="model_config_file"):
-    return read_text(path, model_server_config_pb2.ModelServerConfig, flag)
+def _reader(message_class, default_flag):
+    """read_text for one config message, named after its flag by default."""
+    def read(path, flag=default_flag):
+        return read_text(path, message_class, flag)
+    return read
 
 
-def read_batching_parameters(path, flag="batching_parameters_file"):
-    return read_text(path, messages.BatchingParameters, flag)
-
-
-def read_platform_config(path, flag="platform_config_file"):
-    return read_text(path, messages.PlatformConfigMap, flag)
-
-
-def read_thread_pool_factory_config(path, flag="thread_pool_factory_config_file"):
-    return read_text(path, messages.ThreadPoolFactoryConfig, flag)
-
-
-def read_monitoring_config(path, flag="monitoring_config_file"):
-    return read_text(path, messages.MonitoringConfig, flag)
-
-
-def read_ssl_config(path, flag="ssl_config_file"):
-    return read_text(path, messages.SSLConfig, flag)
-
-
-def read_session_config(path, flag="tensorflow_session_config_file"):
-    return read_text(path, config_pb2.ConfigProto, flag)
+read_model_server_config = _reader(model_server_config_pb2.ModelServerConfig,
+                                   "model_config_file")
+read_batching_parameters = _reader(messages.BatchingParameters, "batching_parameters_file")
+read_platform_config = _reader(messages.PlatformConfigMap, "platform_config_file")
+read_thread_pool_factory_config = _reader(messages.ThreadPoolFactoryConfig,
+                                          "thread_pool_factory_config_file")
+read_monitoring_config = _reader(messages.MonitoringConfig, "monitoring_config_file")
+read_ssl_config = _reader(messages.SSLConfig, "ssl_config_file")
+read_session_config = _reader(config_pb2.ConfigProto, "tensorflow_session_config_file")

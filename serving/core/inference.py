@@ -333,12 +333,10 @@ class InferenceService:
                  deadline=None):
         """-> (version, signature name, classes [B,C] bytes or None, scores [B,C] or None)."""
         with self._servable(name, version, label, signature_name) as servable:
-            signature_name, sig = servable.signature(signature_name, "classify")
-            keys = check_classification_signature(signature_name, sig, self.method_name_check)
-            examples = self._examples(serialized_examples)
-            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys,
-                                deadline)
-            classes, scores = classification_result(len(examples), outputs.get(CLASSES),
+            signature_name, batch, outputs = self._run_examples(
+                servable, signature_name, "classify", check_classification_signature,
+                serialized_examples, deadline)
+            classes, scores = classification_result(batch, outputs.get(CLASSES),
                                                     outputs.get(SCORES))
             return servable.version, signature_name, classes, scores
 
@@ -346,13 +344,20 @@ class InferenceService:
                 deadline=None):
         """-> (version, signature name, outputs float32 [B])."""
         with self._servable(name, version, label, signature_name) as servable:
-            signature_name, sig = servable.signature(signature_name, "regress")
-            keys = check_regression_signature(signature_name, sig, self.method_name_check)
-            examples = self._examples(serialized_examples)
-            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys,
-                                deadline)
-            return servable.version, signature_name, regression_result(len(examples),
-                                                                        outputs[OUTPUTS])
+            signature_name, batch, outputs = self._run_examples(
+                servable, signature_name, "regress", check_regression_signature,
+                serialized_examples, deadline)
+            return servable.version, signature_name, regression_result(batch, outputs[OUTPUTS])
+
+    def _run_examples(self, servable, signature_name, method, check, serialized_examples,
+                      deadline):
+        """Runs a classify or regress signature (`check`ed for `method`) on serialized
+        tf.Examples -> (signature name, batch size, outputs): the same steps for both."""
+        signature_name, sig = servable.signature(signature_name, method)
+        keys = check(signature_name, sig, self.method_name_check)
+        examples = self._examples(serialized_examples)
+        outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys, deadline)
+        return signature_name, len(examples), outputs
 
     def multi_inference(self, tasks, serialized_examples, version=None, label=None,
                         deadline=None):

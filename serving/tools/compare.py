@@ -12,6 +12,7 @@ refuses a candidate above --max_candidate_error_rate or below --min_agreement. C
 are compared and listed by name, from each model's labels.txt.
 """
 import collections
+import contextlib
 import time
 
 import numpy as np
@@ -125,13 +126,21 @@ def compare(logs, baseline_dir, candidate_dir, session_config=None, progress=Non
     disagreement for each of its predictions (a flip to "(refused: CODE)"); one the
     baseline refuses and the candidate answers is reported, not compared; one both refuse
     is counted. Error rates are per replayed request."""
+    with _loaded(baseline_dir, candidate_dir, session_config) as models:
+        return _replay(logs, models, progress)
+
+
+@contextlib.contextmanager
+def _loaded(baseline_dir, candidate_dir, session_config):
+    """{role: (Servable, class names)} of both models, retired on the way out (the
+    baseline too when the candidate fails to load)."""
     models = {}
     try:
         for role, directory in (("baseline", baseline_dir), ("candidate", candidate_dir)):
             path = resolve_model_dir(directory)
             models[role] = (servable_lib.Servable(role, 0, path, session_config),
                             image_classifier.read_model_labels(path))
-        return _replay(logs, models, progress)
+        yield models
     finally:
         for servable, _ in models.values():
             servable.retire()
@@ -229,12 +238,7 @@ def labelled(images, labels, baseline_dir, candidate_dir, session_config=None, b
     if len(images) != len(labels) or not images:
         raise UserError("labelled check: %d images, %d labels" % (len(images), len(labels)))
     correct = {}
-    models = {}
-    try:
-        for role, directory in (("baseline", baseline_dir), ("candidate", candidate_dir)):
-            path = resolve_model_dir(directory)
-            models[role] = (servable_lib.Servable(role, 0, path, session_config),
-                            image_classifier.read_model_labels(path))
+    with _loaded(baseline_dir, candidate_dir, session_config) as models:
         for role, (servable, names) in models.items():
             _, signature_def = servable.signature(conventions.DEFAULT_SIGNATURE)
             right = []
@@ -246,9 +250,6 @@ def labelled(images, labels, baseline_dir, candidate_dir, session_config=None, b
                 if progress:
                     progress(len(chunk))
             correct[role] = np.array(right)
-    finally:
-        for servable, _ in models.values():
-            servable.retire()
     return {"images": len(images),
             "baseline_accuracy": float(correct["baseline"].mean()),
             "candidate_accuracy": float(correct["candidate"].mean()),

@@ -137,15 +137,7 @@ def served_images(selection, skip=0, scan=None, progress=None):
             if seen + count <= skip:
                 seen += count
                 continue
-            try:
-                images = label_candidates.logged_images(log)
-            except label_candidates.Malformed as why:
-                scan.skipped["malformed record (%s)" % why] += 1
-                continue
-            if images is None:
-                scan.skipped["not an image prediction"] += 1
-                continue
-            for item, logged in enumerate(images):
+            for item, logged in enumerate(scan.images_of(log)):
                 seen += 1
                 if seen <= skip:
                     continue

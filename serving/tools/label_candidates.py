@@ -39,6 +39,7 @@ from slimserve import conventions
 from slimserve import errors
 from slimserve.serving.core import tensors
 from slimserve.serving.observability import request_log
+from slimserve.serving.tools import outputs
 
 TOP_K = 3
 # A logged response's tensors are decoded under these bounds (elements per tensor, and
@@ -112,6 +113,19 @@ class Scan:
         names = self.class_names.setdefault(logged.class_id, collections.Counter())
         if logged.class_name in names or len(names) < 8:  # bounded per id
             names[logged.class_name] += 1
+
+    def images_of(self, log):
+        """logged_images(log), or () for a record that holds no image prediction, counted
+        as skipped with the reason: every reader of the logs skips the same records."""
+        try:
+            images = logged_images(log)
+        except Malformed as why:
+            self.skipped["malformed record (%s)" % why] += 1
+            return ()
+        if images is None:
+            self.skipped["not an image prediction"] += 1
+            return ()
+        return images
 
     def logged_classes(self):
         """Class names indexed by id as the responses named them (the most frequent name
@@ -425,15 +439,7 @@ def propose(pattern, limit, scorers=(low_confidence,), exclude=(), model_name=No
         if model_name is not None and spec.name != model_name:
             scan.skipped["other model"] += 1
             continue
-        try:
-            images = logged_images(log)
-        except Malformed as why:
-            scan.skipped["malformed record (%s)" % why] += 1
-            continue
-        if images is None:
-            scan.skipped["not an image prediction"] += 1
-            continue
-        for item, logged in enumerate(images):
+        for item, logged in enumerate(scan.images_of(log)):
             scan.images += 1
             scan.note_class(logged)
             rid = request_id(path, index, item)
@@ -480,21 +486,11 @@ def merge(*candidate_lists):
 
 def write_candidates(path, candidates):
     """JSON lines, one candidate each, written whole or not at all (temp + rename)."""
-    temp = "%s.tmp-%d" % (path, os.getpid())
-    with errors.writing(path, "candidates file"):
-        try:
-            with open(temp, "w", encoding="utf-8") as handle:
-                for candidate in candidates:
-                    data = candidate.to_json()
-                    data["log"] = os.path.abspath(data["log"])
-                    handle.write(json.dumps(data) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
+    with outputs.write_atomically(path, "candidates file") as handle:
+        for candidate in candidates:
+            data = candidate.to_json()
+            data["log"] = os.path.abspath(data["log"])
+            handle.write(json.dumps(data) + "\n")
 
 
 def _candidate_from_json(data, base_dir):

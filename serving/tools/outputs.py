@@ -54,21 +54,29 @@ def write_atomically(path, flag, binary=False):
         with errors.writing(path, flag), tf.io.gfile.GFile(path, mode) as handle:
             yield handle
         return
-    with errors.writing(path, flag):
-        folder = os.path.dirname(os.path.abspath(path))
-        descriptor, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".",
-                                                 suffix=".partial", dir=folder)
-        try:
-            with os.fdopen(descriptor, mode) as handle:
-                yield handle
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(temporary, 0o666 & ~_umask())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+    with errors.writing(path, flag), _replacing(path, ".partial") as (descriptor, _):
+        with os.fdopen(descriptor, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def _replacing(path, suffix):
+    """Yields (descriptor, name) of a new hidden file beside `path`; on a clean exit it
+    gets the mode `open` would have given it and is renamed over `path`, otherwise it is
+    removed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".",
+                                             suffix=suffix, dir=folder)
+    try:
+        yield descriptor, temporary
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _umask():
@@ -87,17 +95,7 @@ def write_file(path, flag, write):
         with errors.writing(path, flag):
             write(path)
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    with errors.writing(path, flag):
-        descriptor, temporary = tempfile.mkstemp(
-            prefix="." + os.path.basename(path) + ".",
-            suffix=os.path.splitext(path)[1] or ".partial", dir=folder)
+    with errors.writing(path, flag), _replacing(
+            path, os.path.splitext(path)[1] or ".partial") as (descriptor, temporary):
         os.close(descriptor)
-        try:
-            write(temporary)
-            os.chmod(temporary, 0o666 & ~_umask())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        write(temporary)

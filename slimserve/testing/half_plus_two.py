@@ -18,15 +18,16 @@ import os
 
 import tensorflow as tf
 
+from slimserve.testing import saved_models
+
 VERSION = 123  # TF Serving's test models live in <base>/00000123
 
 
 def write_half_plus(base_path, plus=2.0, version=VERSION):
     """Writes `<base_path>/<version>/` and returns it; plus=3.0 makes half_plus_three."""
     v1 = tf.compat.v1
-    path = os.path.join(base_path, "%08d" % version)
-    graph = tf.Graph()
-    with graph.as_default():
+
+    def graph():
         a = v1.Variable(0.5, name="a")
         b = v1.Variable(float(plus), name="b")
         c = v1.Variable(3.0, name="c")
@@ -67,10 +68,6 @@ def write_half_plus(base_path, plus=2.0, version=VERSION):
         }
         if plus == 3.0:  # api_rest.md's regress example names this signature
             signatures["tensorflow/serving/regress"] = regress(serialized, y)
-        with v1.Session(graph=graph) as session:
-            session.run(v1.global_variables_initializer())
-            builder = v1.saved_model.Builder(path)
-            builder.add_meta_graph_and_variables(session, [tf.saved_model.SERVING],
-                                                 signature_def_map=signatures)
-            builder.save()
-    return path
+        return signatures
+
+    return saved_models.write_saved_model(os.path.join(base_path, "%08d" % version), graph)
