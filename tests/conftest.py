@@ -22,7 +22,11 @@ def pytest_configure(config):
         config.pluginmanager.register(scheduling.XdistPlugin())
 
 
+@pytest.hookimpl(tryfirst=True)  # marked before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if scheduling.is_slow(item):
+            item.add_marker(pytest.mark.slow)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     scheduling.arrange(items, scheduling.units_path(config) if worker else None)
 

@@ -98,6 +98,18 @@ def cost(nodeid):
     return COSTS.get(nodeid.split("/", 1)[-1], DEFAULT_COST)
 
 
+# The quick loop (`pytest -m "not slow"`) leaves out what trains: a test listed above at
+# SLOW_SECONDS or more, and every test of the session's trained run (building it alone is
+# about a minute); `make test` runs everything.
+SLOW_SECONDS = 5
+SLOW_FIXTURES = {"trained_run", "export_dir"}
+
+
+def is_slow(item):
+    return (cost(item.nodeid) >= SLOW_SECONDS
+            or bool(SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))))
+
+
 def arrange(items, units_path=None):
     """Reorders `items` in place into units, costliest first; writes {test id: unit} to
     `units_path` (a worker's collection, read by the controller's UnitScheduling)."""
