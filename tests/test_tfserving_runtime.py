@@ -137,10 +137,11 @@ def test_models_using_tf_text_ops_load_and_serve(tmp_path):
     path = str(tmp_path / "tokens" / "1")
     subprocess.run([sys.executable, "-c", _TF_TEXT_EXPORT, path], check=True,
                    capture_output=True, timeout=600)
+    log = open(tmp_path / "server.log", "w")
     process, port, _ = start_server_process(
         ["--model_name=tokens", "--model_base_path=%s" % os.path.dirname(path),
          "--rest_api_port=0", "--file_system_poll_wait_seconds=0"],
-        prefix=["prlimit", "--as=%d" % (6 * 1024 ** 3)], stderr=subprocess.DEVNULL)
+        prefix=["prlimit", "--as=%d" % (6 * 1024 ** 3)], stderr=log)
     try:
         channel = grpc.insecure_channel("127.0.0.1:%d" % port)
         request = predict_pb2.PredictRequest()
@@ -152,7 +153,14 @@ def test_models_using_tf_text_ops_load_and_serve(tmp_path):
         channel.close()
     finally:
         process.terminate()
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise AssertionError("slimserve-server did not exit within 60 s of SIGTERM; its "
+                                 "log ends:\n" + (tmp_path / "server.log").read_text()[-4000:])
+        finally:
+            log.close()
 
 
 # --- the harness for TF Serving's own suite ------------------------------------------

@@ -16,8 +16,11 @@ config file, a port in use) is one line naming it, exit status 1.
 """
 import dataclasses
 import logging
+import os
 import signal
+import sys
 import threading
+import time
 
 from slimserve import errors as user_errors
 from slimserve import fields
@@ -88,6 +91,28 @@ def main(config, args):
         logging.info("stopped")
     else:
         logging.warning("stopped; some requests were still running after the grace period")
+    exit_without_stragglers()
+
+
+def exit_without_stragglers(wait_seconds=5.0):
+    """After stop() has drained the APIs and closed the logs and sessions, a thread that is
+    still alive (a gRPC worker finishing a cancelled call) must not keep the process from
+    exiting, as Python's exit would (it joins every non-daemon thread): it gets
+    `wait_seconds`, then it is named in the log and the process exits anyway, as TF
+    Serving's main returns once its server has stopped."""
+    deadline = time.monotonic() + wait_seconds
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in others if t.is_alive()]
+    if left:
+        logging.warning("exiting with %d thread(s) still running: %s", len(left),
+                        ", ".join(sorted(left)))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # pylint: disable=protected-access
 
 
 def run():
