@@ -658,11 +658,11 @@ class Batcher:
             for queue in self._queues.values():
                 queue.batches = collections.deque([_Batch()])
                 queue.queued_rows = 0
+        if self._on_failure is not None:  # health says so before any caller hears it
+            self._on_failure(self.failure)
         for piece in queued:
             self._finish(piece, None, errors.ServingError(grpc.StatusCode.INTERNAL,
                                                           self.failure))
-        if self._on_failure is not None:
-            self._on_failure(self.failure)
 
     def _drop(self, key, queue):
         """A queue whose state can no longer be trusted (taking a batch from it failed):
