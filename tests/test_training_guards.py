@@ -60,8 +60,7 @@ def test_exploding_loss_stops_training_with_an_error(diverged_run):
     assert not os.path.exists(os.path.join(model_dir, "export"))
 
 
-def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(diverged_run,
-                                                                             digits_data):
+def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(diverged_run):
     model_dir, _, forced = diverged_run
     assert forced.returncode == 3, forced.stderr[-3000:]
     assert "eval: accuracy=" in forced.stdout  # it did train and evaluate
@@ -77,10 +76,8 @@ def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(di
         assert re.search(refused, forced.stderr), forced.stderr[-3000:]
         folder = os.path.join(model_dir, "export", name)
         assert not os.path.exists(folder) or not os.listdir(folder)
-    verbose = run_cli("slimserve.cli.train", "--data_dir", digits_data, "--model_dir",
-                      model_dir, *TINY, "--mode", "eval", "--verbosity", 1, check=False)
-    assert "Using config" in verbose.stderr and "Saving dict for global step 10" in \
-        verbose.stderr, verbose.stderr[-3000:]
+    # (--verbosity=1 brings TensorFlow's INFO log back: test_distributed.py's cluster
+    # test reads the RunConfig dump from it.)
     manual = run_command("slimserve.cli.export", "--model_dir", model_dir)
     assert manual.code == 1
     assert "slimserve-export: export refused: eval mean_per_class_accuracy" in manual.stderr
