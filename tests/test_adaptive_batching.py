@@ -232,33 +232,6 @@ def test_cost_model_keeps_measured_points_and_fits_a_line():
     assert learner.hold_bound(1, 4, 2, cap=0.001) == 0.001
 
 
-def test_the_plan_that_served_more_rows_wins_over_the_cost_model():
-    """Two runs of 16 that the cost model prices as sharing the cores evenly, but that in
-    fact served fewer rows per second than one run of 32: the served rates decide."""
-    learner = adaptive.Learner()
-    for _ in range(3):
-        learner.cost.observe(32, 0.100, overlapped=False)  # one run of 32: 320 rows/s
-        learner.cost.observe(16, 0.080, overlapped=True)  # two of 16 at once: 400 rows/s
-    assert learner.plan(32, 64, 2, cap=1.0) == (2, 16)  # the cost model's choice
-
-    def serve(parallel, rows, batches, interval, start):
-        now = start
-        for _ in range(batches):
-            decision = adaptive.Decision("target", rows)
-            decision.parallel, decision.concurrency = parallel, 32
-            learner.started(decision, now, alone=parallel == 1)
-            now += interval
-            learner.finished(rows, interval, parallel == 2, now, decision)
-        return now
-
-    now = serve(2, 16, 3, 16 / 250.0, 0.0)  # what two runs of 16 served: 250 rows/s
-    assert learner.served_rate(32, 2) == pytest.approx(250.0)
-    assert learner.plan(32, 64, 2, cap=1.0) == (2, 16)  # one plan measured: not yet
-    serve(1, 32, 3, 32 / 300.0, now)  # one run of 32 at a time: 300 rows/s
-    assert learner.served_rate(32, 1) == pytest.approx(300.0)
-    assert learner.plan(32, 64, 2, cap=1.0) == (1, 32)  # 300 > 1.05 * 250
-
-
 def test_a_full_queue_is_unavailable(tmp_path):
     base = str(tmp_path / "spin")
     tiny_models.write_spin_model(base)

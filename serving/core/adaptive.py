@@ -22,10 +22,7 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
 - with c requests in the system it plans batches near c: one run of c rows at a time
   (p=1), or two runs of c/2 taking turns (p=2: one fills while the other runs), whichever
   the cost model says serves more rows per second (c/(T1(c)+gap) against
-  c/T2(c/2)); once both plans have run at c, by the rows per second each actually
-  served (rows of a batch over the time since the plan's previous batch ended: two runs
-  that overlap only in part share the cores less than T2 assumes). The plan it does
-  not use is measured again now and then;
+  c/T2(c/2)); the plan it does not use is measured again now and then;
 - it runs at once when the queue holds the planned batch, or when every request in the
   system is already queued or running (nothing more can come: a lone request never
   waits);
@@ -51,12 +48,9 @@ RECORDS = 256  # decisions kept per kind of request
 DELAYS = 1024  # request queue delays kept per kind, for the status page's percentiles
 EXPLORE_EVERY = 128  # batches between two re-measurements of the plan not in use
 EXPLORE_BATCHES = 4  # batches each re-measurement runs
-FIRST_EXPLORE = 16  # batches at a concurrency before its first re-measurement
 SWITCH_MARGIN = 1.05  # a plan must look this much faster to replace the one in use
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
 RATE_WINDOW = 1.0  # seconds over which arrivals are counted for the arrival rate
-RATE_SAMPLES = 2  # served-rate samples of both plans at c before they decide, not T
-RATE_ALPHA = 0.3  # weight of a new sample in a plan's served rate
 HOLD_FLOOR = 0.05  # a hold for missing rows may last this share of the target's run
 UNKNOWN_HOLD = 0.01  # seconds a hold may last while the cost model knows nothing
 
@@ -239,8 +233,6 @@ class Learner:
         self._explored = {}  # concurrency -> batches run at its last re-measurement
         self.gap = None  # moving average of the idle time between runs, one at a time
         self.last_end = None
-        self._rates = {}  # (concurrency, parallel) -> [samples, rows per second served]
-        self._last_done = None  # (concurrency, parallel) of the latest batch that ended
 
     # --- the plan ------------------------------------------------------------------
 
@@ -250,8 +242,7 @@ class Learner:
         serves more rows per second (measured points, else its lines once they stand on
         two sizes; until then the plan is tried), keeping the plan in use unless the other looks
         SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches every
-        EXPLORE_EVERY (the first time after FIRST_EXPLORE) to measure it again; once
-        both plans' served rates are measured at c, those decide. One run at a time only while it lasts less
+        EXPLORE_EVERY to measure it again. One run at a time only while it lasts less
         than `cap` (the bound): rows that arrive during it wait for it to end."""
         c = max(1, concurrency)
         one, two = min(c, limit), min(-(-c // 2), limit)
@@ -267,9 +258,6 @@ class Learner:
         shared = self.cost.estimate(two, True)
         gap = (self.gap or 0.0) if one >= c else 0.0  # all c at once: clients turn around
         rate = {1: one / max(1e-9, alone + gap), 2: 2 * two / max(1e-9, shared)}
-        served = {p: self._rates.get((c, p)) for p in (1, 2)}
-        if all(r is not None and r[0] >= RATE_SAMPLES for r in served.values()):
-            rate = {p: r[1] for p, r in served.items()}  # what each plan really served
         best = max(rate, key=rate.get)
         current = self._plans.get(c)
         if current is None or (best != current and rate[best] > SWITCH_MARGIN * rate[current]):
@@ -280,8 +268,7 @@ class Learner:
         choice = current
         if self._explore > 0:
             choice = 3 - current
-        elif self.batches - self._explored.setdefault(
-                c, self.batches - EXPLORE_EVERY + FIRST_EXPLORE) >= EXPLORE_EVERY:
+        elif self.batches - self._explored.setdefault(c, self.batches) >= EXPLORE_EVERY:
             self._explored[c] = self.batches
             self._explore = EXPLORE_BATCHES
             choice = 3 - current
@@ -317,31 +304,9 @@ class Learner:
         self.rows += decision.rows
         self.batch_sizes[decision.padded] += 1
 
-    def finished(self, rows, seconds, overlapped, now, decision=None):
-        """A run of `rows` (padded) rows took `seconds`, ending `now`; `decision` is its
-        record: the rows it served, over the time since the previous batch of the same
-        plan at the same concurrency ended, are a sample of that plan's served rate."""
+    def finished(self, rows, seconds, overlapped, now):
         self.cost.observe(rows, seconds, overlapped)
-        if decision is not None and decision.parallel is not None:
-            key = (max(1, decision.concurrency or 1), decision.parallel)
-            if self._last_done is not None and self._last_done[0] == key and \
-                    now > self._last_done[1]:
-                sample = decision.rows / (now - self._last_done[1])
-                point = self._rates.get(key)
-                if point is None:
-                    if len(self._rates) >= 8 * EXACT_SIZES:
-                        self._rates.clear()
-                    self._rates[key] = [1, sample]
-                else:
-                    point[0] += 1
-                    point[1] += RATE_ALPHA * (sample - point[1])
-            self._last_done = (key, now)
         self.last_end = now
-
-    def served_rate(self, concurrency, parallel):
-        """Rows per second the plan served at `concurrency` (None: not measured)."""
-        point = self._rates.get((max(1, concurrency), parallel))
-        return point[1] if point is not None else None
 
     def state(self):
         """A snapshot (plain values) for the status page and the metrics."""
@@ -358,8 +323,6 @@ class Learner:
             "delay_p50": _percentile(delays, 50), "delay_p99": _percentile(delays, 99),
             "delay_max": delays[-1] if delays else None,
             "batch_sizes": dict(self.batch_sizes), "cost": self.cost.points(),
-            "served_rates": {str(p): self.served_rate(self.load.concurrency, p)
-                             for p in (1, 2)},
             "line": self.cost.line(False), "line_overlapped": self.cost.line(True),
         }
 

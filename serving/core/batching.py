@@ -739,7 +739,7 @@ class Batcher:
             return
         seconds = time.perf_counter() - started
         with self._cond:
-            learner.finished(padded, seconds, run.overlapped, time.monotonic(), decision)
+            learner.finished(padded, seconds, run.overlapped, time.monotonic())
         start = 0
         for piece in pieces:
             self._finish(piece, {k: v[start:start + piece.rows] for k, v in merged.items()},

@@ -74,11 +74,6 @@ def _batching(batching):
             if sizes else "none")
         plan = ("%d x %d rows" % (state["parallel"], state["target"]) if state["adaptive"]
                 else "timeout rule")
-        served = state.get("served_rates") or {}
-        if state["adaptive"] and any(v is not None for v in served.values()):
-            plan += " (served rows/s: %s)" % ", ".join(
-                "%s x %s" % (p, "%.0f" % v if v is not None else "-")
-                for p, v in sorted(served.items()))
         parts.append("<tr>" + _cell(esc(str(model))) + _cell(esc(str(version)))
                      + _cell(esc(str(signature or ""))) + _cell(
                          "adaptive" if state["adaptive"] else "TF Serving")
