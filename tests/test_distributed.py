@@ -12,6 +12,7 @@ import sys
 import pytest
 import tensorflow as tf
 
+from slimserve.testing.commands import run_command
 from tests.helpers import IMAGE_SIZE, ROOT, run_cli
 
 COMMON = ["--image_size", IMAGE_SIZE, "--batch_size", 16, "--batch_norm_decay", 0.9,
@@ -33,8 +34,10 @@ def test_two_replica_training_evaluates_and_exports_on_one_device(digits_data, t
     assert tf.train.load_checkpoint(str(model_dir)).get_tensor("global_step") == 4
     # Device-agnostic checkpoint: a plain single-device export reads it.
     # 4 steps from random weights are near chance: not gated (--export_min_metric).
-    exported = run_cli("slimserve.cli.export", "--model_dir", model_dir, "--export_base",
-                       tmp_path / "models", "--export_min_metric", "none")
+    # (In this process: one device, as a TF Serving host would read it.)
+    exported = run_command("slimserve.cli.export", "--model_dir", model_dir, "--export_base",
+                           tmp_path / "models", "--export_min_metric", "none")
+    assert exported.code == 0, exported.output[-3000:]
     version_dir = exported.stdout.strip().splitlines()[-1]
     graph_def = tf.compat.v1.saved_model.loader.load(
         tf.compat.v1.Session(graph=tf.Graph()), ["serve"], version_dir).graph_def
