@@ -42,6 +42,7 @@ MODEL = "digits"
 # flywheel"), which no choice looked at.
 RETRAIN_LEARNING_RATE = 1e-3
 NEW_LABEL_REPEATS = 3
+SERVING_WEIGHT = 0.0
 CLASSES = [str(d) for d in range(10)]
 
 
@@ -245,6 +246,9 @@ def main(argv=None):
     parser.add_argument("--new_label_repeats", type=int, default=NEW_LABEL_REPEATS,
                         help="slimserve-retrain --new_label_repeats: times the new images "
                         "appear in the merged training split.")
+    parser.add_argument("--serving_weight", type=float, default=SERVING_WEIGHT,
+                        help="slimserve-retrain --serving_weight: share of the serving "
+                        "version's weights averaged into each retrained model (WiSE-FT).")
     demo.add_flag_file_arguments(parser)
     args = parser.parse_args(argv)
     demo.quiet_logging()
@@ -307,7 +311,8 @@ def main(argv=None):
     report = {"shift": args.shift, "served_version": int(first),
               "retrain": {"steps": args.retrain_steps,
                           "learning_rate": args.retrain_learning_rate,
-                          "new_label_repeats": args.new_label_repeats}}
+                          "new_label_repeats": args.new_label_repeats,
+                          "serving_weight": args.serving_weight}}
     try:
         send(server.port, [data for data, _ in plain + shift])
         server.flush_request_logs(timeout=60)
@@ -352,7 +357,8 @@ def main(argv=None):
                          "--decay_steps", args.retrain_steps, "--save_checkpoints_steps",
                          args.retrain_steps, "--exports_to_keep", 1,
                          "--learning_rate", args.retrain_learning_rate,
-                         "--new_label_repeats", args.new_label_repeats, *bar]
+                         "--new_label_repeats", args.new_label_repeats,
+                         "--serving_weight", args.serving_weight, *bar]
         codes = {}
         for key, extra in (("proposed", ["--promote"]), ("random", ["--nopublish"])):
             name = "retrain on the %s labels" % key

@@ -268,7 +268,8 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         tmp_path, export_dir, digits_data, digits_dir, drift_parts):
     """The ResNet export of the suite's training run, served from a config file: new
     labels of inverted digits, a short fine-tune warm-started from the export's variables
-    (EMA weights), the canary check and --promote."""
+    (EMA weights), averaged with them (--serving_weight), the canary check and
+    --promote."""
     base = tmp_path / "models" / "resnet"
     shutil.copytree(export_dir, base / "1")
     config_file = tmp_path / "models.config"
@@ -278,7 +279,7 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
     result = run_command(
         "slimserve.cli.retrain", "--labels_dir", tree, "--data_dir", digits_data,
         "--model_dir", tmp_path / "run", "--model_config_file", config_file,
-        "--max_regression", 1.0, "--promote", "--noprogress",
+        "--max_regression", 1.0, "--promote", "--noprogress", "--serving_weight", 0.5,
         "--image_size", IMAGE_SIZE, "--max_steps", 30, "--batch_size", 32,
         "--save_checkpoints_steps", 30, "--optimizer", "adam", "--learning_rate", 0.001,
         "--opt_epsilon", 1e-8, "--min_crop_area", 0.85, "--norandom_flip",
@@ -292,6 +293,17 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
     # above chance on the original validation split.
     assert report["validation"]["candidate_accuracy"] > 0.5, report
     assert result.code == 0, result.output
+    # The candidate is the average, exported on its own (the run's exporters stay off).
+    assert report["serving_weight"] == 0.5
+    assert os.path.dirname(report["candidate"]) == str(tmp_path / "run" / "export" / "averaged")
+    assert not (tmp_path / "run" / "export" / "final").exists()
+    averaged = tf.train.load_checkpoint(str(tmp_path / "run" / "retrain" / "averaged" /
+                                            "model.ckpt-30"))
+    tuned = tf.train.load_checkpoint(str(tmp_path / "run" / "model.ckpt-30"))
+    served = tf.train.load_checkpoint(str(base / "1" / "variables" / "variables"))
+    name = "resnet_v1_50/logits/biases/ExponentialMovingAverage"  # what the export reads
+    np.testing.assert_allclose(averaged.get_tensor(name), 0.5 * tuned.get_tensor(name) +
+                               0.5 * served.get_tensor(name), rtol=1e-6, atol=1e-7)
     published = report["published"]["version"]
     entry = model_config.model_entry(files.read_model_server_config(str(config_file)), None,
                                      "config")

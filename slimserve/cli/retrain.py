@@ -14,7 +14,9 @@ The flywheel's last arrow, each step an existing piece called once:
    held-out part, the serving model's classes;
 3. fine-tune from the serving version (training.run: its variables/variables are a
    checkpoint with slim's names, the head kept) and export (export/exporters.py: the
-   Final and Best exporters, each export with its reference);
+   Final and Best exporters, each export with its reference); with --serving_weight,
+   the fine-tuned checkpoint is first averaged with the serving version's weights
+   (estimator/weight_averaging.py) and that average is exported instead;
 4. the canary check (serving/tools/compare.py) of the new export against the serving
    version: on the logged traffic (--logs: refusals), on the labelled hold-out and on the
    original validation split (accuracy);
@@ -71,6 +73,11 @@ class RetrainConfig:
     new_label_repeats: int = fields.option(
         3, "Times the new training images appear in the merged training split (they "
         "weigh that much more against the original images).", fields.Bound(1, 100))
+    serving_weight: float = fields.option(
+        0.0, "Share of the serving version's weights averaged into the fine-tuned ones "
+        "before the check (WiSE-FT: keeps more of the original task at some cost on the "
+        "new one); 0: the fine-tuned weights as they are.",
+        fields.Bound(0.0, 1.0, upper_open=True))
     min_gain: float = fields.option(
         0.0, "The candidate's accuracy on the held-out new labels must exceed the serving "
         "version's by more than this.", fields.Bound(0.0, 1.0, upper_open=True))
@@ -135,7 +142,8 @@ def _serving(config):
 
 def _train_config(config, serving, merged):
     """The fine-tune: the merged data, warm-started from the serving version (its head
-    too: the classes are the same), exporting with warmup from the logged traffic."""
+    too: the classes are the same), exporting with warmup from the logged traffic (unless
+    the export is of an average, made after the run)."""
     train = config.train
     if train.model.checkpoint_exclude_scopes:
         logging.info("--checkpoint_exclude_scopes=%s ignored: the serving version's head "
@@ -147,8 +155,27 @@ def _train_config(config, serving, merged):
         model=dataclasses.replace(train.model, checkpoint_path=checkpoint,
                                   checkpoint_exclude_scopes=()),
         run=dataclasses.replace(train.run, mode="train_and_eval"),
-        export=dataclasses.replace(train.export, export=True,
+        export=dataclasses.replace(train.export, export=not config.serving_weight,
                                    warmup_from=train.export.warmup_from or config.logs))
+
+
+def _export_average(config, serving, model_dir, work):
+    """--serving_weight: the run's last checkpoint averaged with the serving version's
+    weights, exported (the average was never evaluated: the check judges it)."""
+    from slimserve.estimator import weight_averaging  # pylint: disable=import-outside-toplevel
+    from slimserve.export import run_export  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tuned = tf.train.latest_checkpoint(model_dir)
+    if tuned is None:
+        return None
+    averaged, _ = weight_averaging.average_checkpoints(
+        tuned, os.path.join(serving.version_dir, "variables", "variables"),
+        config.serving_weight, os.path.join(work, "averaged", os.path.basename(tuned)))
+    export = config.train.export
+    return run_export.export_run(run_export.ExportConfig(
+        model_dir=model_dir, checkpoint_path=averaged,
+        export_base=os.path.join(model_dir, "export", "averaged"), verify=export.verify_export,
+        warmup_from=export.warmup_from or config.logs, export_min_metric="none")).path
 
 
 def _candidate(result, model_dir):
@@ -278,13 +305,17 @@ def main(config, args):
                  merged_info["splits"]["train"]["count"],
                  merged_info["splits"]["validation"]["count"])
     result = training.run(_train_config(config, serving, merged), exporters.for_training)
-    candidate = _candidate(result, model_dir)
+    if config.serving_weight:
+        with errors.writing(work, "--model_dir"):
+            candidate = _export_average(config, serving, model_dir, work)
+    else:
+        candidate = _candidate(result, model_dir)
     report = {"serving": {"model": serving.name, "version": serving.version,
                           "path": serving.version_dir},
               "new_labels": {"train": info["splits"]["train"]["count"],
                              "holdout": info["splits"]["validation"]["count"]},
               "eval": {k: float(v) for k, v in (result.eval_result or {}).items()},
-              "candidate": candidate}
+              "candidate": candidate, "serving_weight": config.serving_weight}
     if candidate is None:
         reasons = ["no export: %s" % ("; ".join(result.refused.values()) or
                                       "the run exported nothing")]
