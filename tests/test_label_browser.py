@@ -26,11 +26,12 @@ from tests.label_logs import (HOSTILE_MODEL, digits_model, served_logs,  # noqa:
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 READY = re.compile(r"image\(s\) to label at (http://127\.0\.0\.1:\d+/)")
@@ -148,11 +149,29 @@ def all_cards(driver):
             for c in driver.find_elements(By.CSS_SELECTOR, ".card")]
 
 
+def replaced(element):
+    """A wait condition: `element` left the document (the answer page replaced it).
+    expected_conditions.staleness_of, except that Chromium sometimes reports a node of
+    the replaced document as an inspector error instead of a stale element
+    (SeleniumHQ/selenium#15401): that means replaced as well."""
+    def check(_):
+        try:
+            element.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as error:
+            if "does not belong to the document" not in str(error):
+                raise
+            return True
+        return False
+    return check
+
+
 def press(driver, key):
     """Presses a key on the page and waits for the answer page to replace it."""
     card = focused(driver)
     ActionChains(driver).send_keys(key).perform()
-    WebDriverWait(driver, 60).until(expected_conditions.staleness_of(card))
+    WebDriverWait(driver, 60).until(replaced(card))
 
 
 def no_script_ran(driver):
@@ -176,7 +195,7 @@ def test_click_key_arrows_skip_none_and_resume_after_kill(served_logs, digits_mo
     first = focused(driver)
     clicked = first.get_attribute("data-request-id")
     first.find_element(By.CSS_SELECTOR, 'button[value="label:4"]').click()
-    WebDriverWait(driver, 60).until(expected_conditions.staleness_of(first))
+    WebDriverWait(driver, 60).until(replaced(first))
     record = provenance(out)[clicked]
     assert record["decision"] == "label" and record["class"] == "4"
     assert record["labeller"] == "ada" and os.path.exists(os.path.join(out, record["file"]))
@@ -233,7 +252,7 @@ def test_two_labellers_at_once(served_logs, digits_model, tmp_path, browsers, se
         field.send_keys(name)
         button = driver.find_element(By.CSS_SELECTOR, "#labeller button")
         button.click()
-        WebDriverWait(driver, 60).until(expected_conditions.staleness_of(button))
+        WebDriverWait(driver, 60).until(replaced(button))
         assert driver.find_element(By.CSS_SELECTOR, "#labeller input[name=name]"
                                    ).get_attribute("value") == name
     assert len(visible_cards(alice)) == 3  # the grid
