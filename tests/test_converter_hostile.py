@@ -7,7 +7,6 @@ data set when it fails.
 """
 import json
 import os
-import resource
 import shutil
 import signal
 import struct
@@ -22,6 +21,7 @@ from slimserve.estimator import dataset
 from slimserve.estimator import image_files
 from slimserve.estimator import schema
 from slimserve.estimator import splits
+from slimserve.serving.tools import server_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -201,9 +201,7 @@ _BUILD_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _limit_memory():
-    limit = 4 * 1024 ** 3  # TF's import maps ~1.5 GB; /dev/zero read whole would pass it
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+MEMORY_CAP = 4 * 1024 ** 3  # TF's import maps ~1.5 GB; /dev/zero read whole would pass it
 
 
 def test_fifo_devices_dangling_links_and_huge_files_are_skipped_not_read(tmp_path,
@@ -222,11 +220,15 @@ def test_fifo_devices_dangling_links_and_huge_files_are_skipped_not_read(tmp_pat
     csv_path = tmp_path / "list.csv"
     csv_path.write_text("%s,a\n%s,a\n%s,a\n" % (_digits(digits_dir, 0, 1)[0],
                                                 tmp_path / "folder.jpg", "/dev/zero"))
+    # Capped by the servers' launcher, not a preexec_fn (a fork of this multi-threaded
+    # process can die before exec).
     process = subprocess.Popen(
-        [sys.executable, "-c", _BUILD_SCRIPT, "%s|%s" % (source, tmp_path / "out1"),
-         "%s|%s" % (csv_path, tmp_path / "out2"), str(1 << 20), source / "a" / "pipe.jpg"],
+        server_process.launcher_argv(
+            [sys.executable, "-c", _BUILD_SCRIPT, "%s|%s" % (source, tmp_path / "out1"),
+             "%s|%s" % (csv_path, tmp_path / "out2"), str(1 << 20),
+             str(source / "a" / "pipe.jpg")], MEMORY_CAP),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        preexec_fn=_limit_memory, start_new_session=True, env=dict(os.environ, PYTHONPATH=ROOT))
+        start_new_session=True, env=dict(os.environ, PYTHONPATH=ROOT))
     try:
         stdout, stderr = process.communicate(timeout=180)
     except subprocess.TimeoutExpired:

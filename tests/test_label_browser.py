@@ -4,11 +4,9 @@ command in a child process under the suite's memory cap. Labelling with a click 
 a key, arrows, none of these, skip, resume after the server is killed (-9) and started
 again, two labellers at once (two browser sessions, two page processes), and a log whose
 bytes are hostile: nothing in it executes and the page keeps working."""
-import ctypes
 import json
 import os
 import re
-import resource
 import select
 import signal
 import subprocess
@@ -19,6 +17,7 @@ import time
 import pytest
 
 from slimserve.serving.tools import label_store
+from slimserve.serving.tools import server_process
 from slimserve.testing.servers import MEMORY_CAP
 from tests.helpers import ROOT, require_tool
 from tests.label_logs import (HOSTILE_MODEL, digits_model, served_logs,  # noqa: F401
@@ -40,22 +39,19 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-component-update", "--disable-sync")
 
 
-def _child_limits():
-    """In the child before exec: MEMORY_CAP of address space, and killed with the test
-    process (PR_SET_PDEATHSIG, 1 in <linux/prctl.h>)."""
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
 class LabelServer:
     """`slimserve-label ARGS` in a child process on a free port (its stderr in a file)."""
 
     def __init__(self, *args, timeout=300):
         self.stderr = tempfile.TemporaryFile(mode="w+")
+        # The servers' launcher (capped, killed with this process), not a preexec_fn: a
+        # fork of this multi-threaded process (gRPC's fork handlers) once died before exec.
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "slimserve.cli.label", "--port=0", "--noprogress"]
-            + [str(a) for a in args], cwd=ROOT, stdout=subprocess.PIPE, stderr=self.stderr,
-            stdin=subprocess.DEVNULL, text=True, preexec_fn=_child_limits)
+            server_process.launcher_argv(
+                [sys.executable, "-m", "slimserve.cli.label", "--port=0", "--noprogress"]
+                + [str(a) for a in args], MEMORY_CAP),
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL,
+            text=True)
         deadline = time.monotonic() + timeout
         lines = []
         while time.monotonic() < deadline:
@@ -72,8 +68,8 @@ class LabelServer:
         self.process.kill()
         self.process.wait(60)
         self.stderr.seek(0)
-        raise AssertionError("slimserve-label did not start: %s\n%s" % (
-            "".join(lines), self.stderr.read()[-4000:]))
+        raise AssertionError("slimserve-label did not start (exit status %s): %s\n%s" % (
+            self.process.returncode, "".join(lines), self.stderr.read()[-4000:]))
 
     def kill(self):
         self.process.send_signal(signal.SIGKILL)
