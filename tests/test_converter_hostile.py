@@ -220,8 +220,8 @@ def test_fifo_devices_dangling_links_and_huge_files_are_skipped_not_read(tmp_pat
     csv_path = tmp_path / "list.csv"
     csv_path.write_text("%s,a\n%s,a\n%s,a\n" % (_digits(digits_dir, 0, 1)[0],
                                                 tmp_path / "folder.jpg", "/dev/zero"))
-    # Capped by the servers' launcher, not a preexec_fn (a fork of this multi-threaded
-    # process can die before exec).
+    # Capped by the servers' launcher, not a preexec_fn (it runs in a fork of this
+    # multi-threaded process, which is unsafe before exec).
     process = subprocess.Popen(
         server_process.launcher_argv(
             [sys.executable, "-c", _BUILD_SCRIPT, "%s|%s" % (source, tmp_path / "out1"),

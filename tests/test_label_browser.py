@@ -44,8 +44,9 @@ class LabelServer:
 
     def __init__(self, *args, timeout=300):
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        # The servers' launcher (capped, killed with this process), not a preexec_fn: a
-        # fork of this multi-threaded process (gRPC's fork handlers) once died before exec.
+        # The servers' launcher (capped, killed with this process), not a preexec_fn,
+        # which runs in a fork of this multi-threaded process (gRPC's fork handlers too):
+        # a child started so once died silently with only a gRPC poller error.
         self.process = subprocess.Popen(
             server_process.launcher_argv(
                 [sys.executable, "-m", "slimserve.cli.label", "--port=0", "--noprogress"]
