@@ -9,12 +9,15 @@ command line written for one runs the other:
 The flags are the fields of serving/options.py's ServerOptions (same names, defaults, help
 and bounds), generated from its config class (CONFIG), so this module only builds the
 server and waits for a signal (SIGTERM or SIGINT: drain and stop; SIGUSR1: publish the
-open request log files now; SIGUSR2: check the logged traffic's drift now). Flags about hardware or runtimes this server does not have
-are accepted and logged once as having no effect. Unlike TF Serving it binds 127.0.0.1
+open request log files now; SIGUSR2: check the logged traffic's drift now). A shutdown
+is bounded: 5 s for the requests in flight, 25 s from the signal to the process's end
+(past that, every thread's stack on stderr and exit status 1). Flags about hardware or
+runtimes this server does not have are accepted and logged once as having no effect. Unlike TF Serving it binds 127.0.0.1
 unless --bind_address says otherwise. A start-up problem the user can fix (a flag, a
 config file, a port in use) is one line naming it, exit status 1.
 """
 import dataclasses
+import faulthandler
 import logging
 import os
 import signal
@@ -30,6 +33,8 @@ from slimserve.serving import server as server_lib
 from slimserve.serving.core import errors
 
 TF_SERVING_VERSION = "2.15.1"
+GRACE_SECONDS = 5.0  # for the requests in flight on SIGTERM / SIGINT
+STOP_DEADLINE_SECONDS = 25.0  # from the signal to the process's end, whatever blocks
 
 
 @dataclasses.dataclass
@@ -87,19 +92,26 @@ def main(config, args):
         raise user_errors.UserError(error.message) from None
     print(server_lib.ready_line(server), flush=True)
     stopping.wait()
-    if server.stop():
+    # A shutdown that never ends (a thread that does not return, a library's exit hook) must
+    # not keep a pod or a test waiting on it: past this deadline every thread's stack goes
+    # to stderr and the process exits with status 1 (faulthandler's watchdog is a C thread:
+    # it fires even while the interpreter is finalizing).
+    faulthandler.dump_traceback_later(STOP_DEADLINE_SECONDS, exit=True)
+    if server.stop(GRACE_SECONDS):
         logging.info("stopped")
     else:
         logging.warning("stopped; some requests were still running after the grace period")
-    exit_without_stragglers()
+    exit_now()
 
 
-def exit_without_stragglers(wait_seconds=5.0):
-    """After stop() has drained the APIs and closed the logs and sessions, a thread that is
-    still alive (a gRPC worker finishing a cancelled call) must not keep the process from
-    exiting, as Python's exit would (it joins every non-daemon thread): it gets
-    `wait_seconds`, then it is named in the log and the process exits anyway, as TF
-    Serving's main returns once its server has stopped."""
+def exit_now(wait_seconds=5.0):
+    """Ends the process once stop() has drained the APIs and closed the logs and sessions:
+    a thread still alive (a gRPC worker finishing a cancelled call) gets `wait_seconds` and
+    is then named in the log, and the interpreter's own finalization is skipped. Nothing
+    is left for it to save, and it can block: it joins every non-daemon thread and runs
+    gRPC's and TensorFlow's exit hooks (a clean-clone CI run saw a server that had not
+    exited 30 s after SIGTERM). TF Serving's main likewise returns once its server has
+    stopped."""
     deadline = time.monotonic() + wait_seconds
     others = [t for t in threading.enumerate()
               if t is not threading.main_thread() and not t.daemon]
@@ -109,10 +121,10 @@ def exit_without_stragglers(wait_seconds=5.0):
     if left:
         logging.warning("exiting with %d thread(s) still running: %s", len(left),
                         ", ".join(sorted(left)))
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # pylint: disable=protected-access
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access
 
 
 def run():
