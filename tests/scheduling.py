@@ -25,12 +25,9 @@ DEFAULT_COST = 1.0
 # measured with `pytest -p no:xdist --durations=60`. Only the order depends on them:
 # a stale or missing entry costs time, never a result.
 COSTS = {
-    # the source and fine-tuned runs; the from-scratch run (test_quality.py builds them
-    # as run-wide fixtures, so the two chains train on two workers at once)
+    # the source and fine-tuned runs (test_quality.py builds them as run-wide fixtures)
     "test_quality.py::test_finetuning_reaches_high_accuracy_with_frozen_layers_bit_"
     "identical": 245,
-    "test_quality.py::test_training_from_scratch_is_well_above_chance_at_its_first_"
-    "evaluation": 55,
     "test_distributed.py::test_two_replica_training_evaluates_and_exports_on_one_device": 147,
     "test_faults.py::test_killed_training_resumes_without_rewarming_and_exports": 134,
     "test_training_guards.py::test_exploding_loss_stops_training_with_an_error": 53,

@@ -3,17 +3,16 @@
 A slim-format source checkpoint (resnet_v1_50 trained from scratch on digits 0-4) stands
 in for the official one; fine-tuning on all ten digits with the head excluded and the stem
 and block1 frozen must reach 97% validation accuracy, leaving frozen weights and BN
-statistics bit-identical; the same recipe from scratch is well above chance at its first
+statistics bit-identical. That the recipe learns from scratch is the source run's own
 evaluation.
 
-The trainings are run-wide fixtures (tests/run_once.py): under pytest-xdist the
-from-scratch run trains on one worker while the other trains the source and fine-tunes
-from it. The from-scratch run is the fine-tune's recipe stopped at its first evaluation
-(step 100 of the same 300-step cosine schedule), a third of the cost of the whole budget.
-That the recipe learns from scratch over the whole budget is the source run's own
-evaluation. Fine-tuning is not asserted to be ahead of scratch at step 100: across runs
-the fine-tune scored 83.3-97.2% there and scratch 81-88%, so the order is not a property
-of the recipe (a clean-clone CI run saw 83.3% against 88.3%).
+The two trainings are run-wide fixtures (tests/run_once.py), built once for all workers
+and evaluated once each, at their last step (the demo evaluates every 50 steps; the
+figures along the way are docs/benchmarks.md's). A from-scratch run of the fine-tune's
+recipe to step 100, to compare with the fine-tune there, was dropped: across runs the
+fine-tune scored 83.3-97.2% at step 100 and scratch 81-88%, so the order is not a
+property of the recipe (a clean-clone CI run saw 83.3% against 88.3%), and it cost the
+suite a minute of CPU.
 """
 import glob
 import os
@@ -28,9 +27,8 @@ from tests.helpers import ROOT, run_cli
 
 FLAGS = os.path.join(ROOT, "configs")
 FROZEN = ("resnet_v1_50/conv1/", "resnet_v1_50/block1/")
-EVALUATED = [100, 200, 300]  # EVERY: the demo evaluates every 50 steps, the suite every 100
-EVERY = ["--save_checkpoints_steps=100"]
-SCRATCH_STEPS = 100  # the from-scratch run stops at the fine-tune's first evaluation
+EVALUATED = [300]  # EVERY: the demo evaluates every 50 steps, the suite at the end
+EVERY = ["--save_checkpoints_steps=300"]
 
 pytestmark = pytest.mark.slow
 
@@ -75,26 +73,6 @@ def finetuned_run(tmp_path_factory, digits_data, source_run):
                 *EVERY)
         return model_dir
     return run_once.build_once(tmp_path_factory, "quality_finetune", build)
-
-
-@pytest.fixture(scope="session")
-def scratch_run(tmp_path_factory, digits_data):
-    """The same recipe from random weights, nothing frozen, to its first evaluation (the
-    flagfile's --decay_steps=300 keeps the schedule of the whole budget)."""
-    def build(model_dir):
-        run_cli("slimserve.cli.train", "--flagfile",
-                os.path.join(FLAGS, "digits_finetune.flags"), "--data_dir", digits_data,
-                "--model_dir", model_dir, "--freeze_scopes=", "--checkpoint_exclude_scopes=",
-                "--noexport", "--max_steps", SCRATCH_STEPS, *EVERY)
-        return model_dir
-    return run_once.build_once(tmp_path_factory, "quality_scratch", build)
-
-
-def test_training_from_scratch_is_well_above_chance_at_its_first_evaluation(scratch_run):
-    fresh = eval_accuracy_by_step(scratch_run)
-    print("from scratch on all digits:", fresh)
-    assert sorted(fresh) == [SCRATCH_STEPS]
-    assert fresh[SCRATCH_STEPS] >= 0.5  # measured 84.1%; chance is 10%
 
 
 def test_training_from_scratch_learns_within_the_budget(source_run):
