@@ -25,6 +25,9 @@ from slimserve.testing.commands import run_command
 from slimserve.testing.servers import wait_until
 from tests.helpers import ROOT, run_cli
 
+# Validation images each setting's server answers before its load: a sample of the ~360
+# is enough for the agreement checks and saves each server a few CPU seconds.
+COMPARED = 120
 B8 = batching_tuner.Setting(max_batch_size=8, batch_timeout_micros=5000, num_batch_threads=1,
                             max_enqueued_batches=100)
 
@@ -47,7 +50,8 @@ def test_small_grid_end_to_end_writes_flags_config_table_and_plot(export_dir, di
     process = run_cli(
         "slimserve.cli.tune", "--model_base_path", os.path.dirname(export_dir),
         "--data_dir", digits_data, "--latency_budget_ms", 100000, "--concurrency", 4,
-        "--requests", 40, "--precisions", "auto", "--xla", "false", "--max_batch_sizes", 8,
+        "--requests", 40, "--compare_images", COMPARED, "--precisions", "auto", "--xla",
+        "false", "--max_batch_sizes", 8,
         "--batch_timeouts_micros", 5000, "--num_batch_threads", 1, "--nocompare_documented",
         "--output_flags", flagfile, "--output_config", config, "--output_png", png,
         "--work_dir", tmp_path, "--noprogress", "--max_minutes", 10, timeout=900)
@@ -55,7 +59,7 @@ def test_small_grid_end_to_end_writes_flags_config_table_and_plot(export_dir, di
     precisions = ["fp32", "bf16"] if cpu.cpu_supports_bf16() else ["fp32"]
     # The baseline (fp32, no batching), then each precision at the one batching setting.
     assert [(r[0], r[2]) for r in rows] == [("fp32", "off")] + [(p, "8") for p in precisions]
-    images = _validation_count(digits_data)
+    images = min(COMPARED, _validation_count(digits_data))
     assert "compared on %d validation images" % images in process.stdout
     assert rows[0][11] == "1.0000 (%d)" % images and rows[0][13] in ("baseline", "**chosen**")
     assert all(r[11].endswith("(%d)" % images) for r in rows)  # the same inputs for all
@@ -109,7 +113,7 @@ def test_a_setting_that_breaks_agreement_is_rejected(export_dir, digits_data, tm
     # model through the setting's own server flags: exactly what a knob that changed
     # predictions would look like to the guard.
     candidate = _swapped_classes_model(export_dir, str(tmp_path / "swapped"))
-    sources = tuner_inputs.Sources(data_dir=digits_data, compare_limit=1000)
+    sources = tuner_inputs.Sources(data_dir=digits_data, compare_limit=COMPARED)
     tuner = tuner_lib.Tuner(os.path.dirname(export_dir), "resnet", sources, concurrency=4,
                             requests=20, scratch_dir=str(tmp_path))
     perturbed = tuner_lib.Setting(extra_flags=("--model_base_path=%s" % candidate,))
