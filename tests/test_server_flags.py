@@ -24,6 +24,7 @@ from slimserve.cli import server as server_cli
 from slimserve.serving import options as options_lib
 from slimserve.serving import server as server_lib
 from slimserve.serving.core import batching
+from slimserve.serving.tools import server_process
 from slimserve.testing import commands
 from slimserve.testing import tiny_models
 from tests.helpers import ROOT, start_server_process
@@ -220,3 +221,38 @@ def test_a_port_in_use_is_a_user_error_naming_the_flag(tmp_path):
                 server_lib.ModelServer(model_base_path=base, **changes)
             assert str(caught.value).startswith("%s %d: cannot bind" % (flag, port))
             assert "already in use" in str(caught.value)
+
+
+# A server whose stop() never returns (as a hung library thread would make it), with a
+# 2-second deadline instead of 25: the process must still end, saying where each thread was.
+_HANGING_STOP = """
+import sys, threading
+from slimserve.cli import server
+from slimserve.serving import server as server_lib
+server.STOP_DEADLINE_SECONDS = 2.0
+server_lib.ModelServer.stop = lambda self, grace=5.0: threading.Event().wait()
+sys.argv[0] = "slimserve-server"
+server.run()
+"""
+
+
+def test_a_shutdown_that_hangs_ends_at_its_deadline_with_every_threads_stack(tmp_path):
+    base = str(tmp_path / "tiny")
+    tiny_models.write_tiny_model(base)
+    process = server_process.ServerProcess(
+        ["--model_base_path=%s" % base, "--model_name=tiny", "--rest_api_port=0",
+         "--file_system_poll_wait_seconds=0"], label="hanging stop",
+        command=[sys.executable, "-c", _HANGING_STOP], memory_cap=3 * 2 ** 30,
+        stderr=subprocess.PIPE, cwd=ROOT).process
+    try:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+        errors = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert code == 1, errors[-3000:]
+    assert "shutting down gracefully" in errors
+    assert "Timeout (0:00:02)!" in errors and "most recent call first" in errors
+    assert "in <lambda>" in errors  # the hung stop() is named in the main thread's stack
