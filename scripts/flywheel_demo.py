@@ -193,12 +193,13 @@ def plot(path, drift_report, shift_start, results, thumbnails, shift):
     left.set_ylabel("p-value")
     left.set_title("drift per window: %s digits from request %d" % (shift, shift_start))
     left.legend(fontsize=8)
-    groups = ["%s test digits" % shift, "original validation"]
+    groups = ["%s test digits" % shift, "original validation", "test digits unshifted"]
     models = ["serving version", "random 200 labels", "proposed 200 labels"]
     keys = ["before", "random", "proposed"]
     x = np.arange(len(groups))
     for i, (model, key) in enumerate(zip(models, keys)):
-        values = [results["shifted_test"][key], results["validation"][key]]
+        values = [results[group][key] for group in ("shifted_test", "validation",
+                                                     "original_test")]
         bars = middle.bar(x + (i - 1) * 0.27, values, 0.27, label=model)
         for bar, value in zip(bars, values):
             middle.text(bar.get_x() + bar.get_width() / 2, value + 0.01, "%.3f" % value,
@@ -374,14 +375,20 @@ def main(argv=None):
         # --- before / after, on digits no model saw ---------------------------------------
         test = [(shifted(open(p, "rb").read(), args.shift), c) for p, c in parts["test"]]
         test_images, test_labels = [d for d, _ in test], [c for _, c in test]
+        # The same test digits unshifted: a second measure of forgetting, on images of
+        # the original kind that no model saw (the validation split guided the first
+        # model's training through its evaluations and exports).
+        original = [(open(p, "rb").read(), c) for p, c in parts["test"]]
         validation_images, validation_labels = split_images(path("data"), "validation")
         serving_dir = os.path.join(base, first)
-        results = {"shifted_test": {}, "validation": {}}
+        results = {"shifted_test": {}, "validation": {}, "original_test": {}}
         for key in ("random", "proposed"):
             candidate = retrains[key]["candidate"]
             for group, images, labels in (("shifted_test", test_images, test_labels),
                                           ("validation", validation_images,
-                                           validation_labels)):
+                                           validation_labels),
+                                          ("original_test", [d for d, _ in original],
+                                           [c for _, c in original])):
                 measured = accuracy(images, labels, serving_dir, candidate)
                 results[group]["before"] = measured["baseline_accuracy"]
                 results[group][key] = measured["candidate_accuracy"]
@@ -408,6 +415,8 @@ def main(argv=None):
                                              results["shifted_test"]["random"], 4),
         "validation_change_points": round(100 * (results["validation"]["proposed"] -
                                                  results["validation"]["before"]), 2),
+        "original_test_change_points": round(100 * (results["original_test"]["proposed"] -
+                                                    results["original_test"]["before"]), 2),
         "retrain_exit_status": codes,
         "retrain_checks": {key: {k: retrains[key].get(k) for k in (
             "holdout", "validation", "traffic", "passed", "refused_because", "published")}
@@ -440,6 +449,11 @@ def main(argv=None):
           "(%+.2f points)" % (len(validation_images), results["validation"]["before"],
                               results["validation"]["proposed"],
                               flywheel["validation_change_points"]))
+    print("  accuracy on the same %d test digits unshifted (no model saw them): before "
+          "%.4f, after %.4f (%+.2f points)" % (len(test_images),
+                                               results["original_test"]["before"],
+                                               results["original_test"]["proposed"],
+                                               flywheel["original_test_change_points"]))
     print("  retrain: proposed %s (exit %d), random %s (exit %d); promoted version %s, "
           "served accuracy on the shifted test through `stable`: %s" % (
               "passed" if retrains["proposed"]["passed"] else "refused", codes["proposed"],
