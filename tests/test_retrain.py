@@ -280,8 +280,8 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         "slimserve.cli.retrain", "--labels_dir", tree, "--data_dir", digits_data,
         "--model_dir", tmp_path / "run", "--model_config_file", config_file,
         "--max_regression", 1.0, "--promote", "--noprogress", "--serving_weight", 0.5,
-        "--image_size", IMAGE_SIZE, "--max_steps", 10, "--batch_size", 32,
-        "--save_checkpoints_steps", 10, "--optimizer", "adam", "--learning_rate", 0.001,
+        "--image_size", IMAGE_SIZE, "--max_steps", 30, "--batch_size", 32,
+        "--save_checkpoints_steps", 30, "--optimizer", "adam", "--learning_rate", 0.001,
         "--opt_epsilon", 1e-8, "--min_crop_area", 0.85, "--norandom_flip",
         "--eval_central_fraction", 1.0, "--moving_average_decay", 0.99,
         "--export_min_metric", "none", "--exports_to_keep", 1, "--noverify_export")
@@ -298,8 +298,8 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
     assert os.path.dirname(report["candidate"]) == str(tmp_path / "run" / "export" / "averaged")
     assert not (tmp_path / "run" / "export" / "final").exists()
     averaged = tf.train.load_checkpoint(str(tmp_path / "run" / "retrain" / "averaged" /
-                                            "model.ckpt-10"))
-    tuned = tf.train.load_checkpoint(str(tmp_path / "run" / "model.ckpt-10"))
+                                            "model.ckpt-30"))
+    tuned = tf.train.load_checkpoint(str(tmp_path / "run" / "model.ckpt-30"))
     served = tf.train.load_checkpoint(str(base / "1" / "variables" / "variables"))
     name = "resnet_v1_50/logits/biases/ExponentialMovingAverage"  # what the export reads
     np.testing.assert_allclose(averaged.get_tensor(name), 0.5 * tuned.get_tensor(name) +
