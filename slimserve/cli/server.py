@@ -12,8 +12,8 @@ server and waits for a signal (SIGTERM or SIGINT: drain and stop; SIGUSR1: publi
 open request log files now; SIGUSR2: check the logged traffic's drift now). A shutdown
 is bounded: 5 s for the requests in flight, 25 s from the signal to the process's end
 (past that, every thread's stack on stderr and exit status 1). Flags about hardware or
-runtimes this server does not have are accepted and logged once as having no effect. Unlike TF Serving it binds 127.0.0.1
-unless --bind_address says otherwise. A start-up problem the user can fix (a flag, a
+runtimes this server does not have are accepted and logged once as having no effect.
+Unlike TF Serving it binds 127.0.0.1 unless --bind_address says otherwise. A start-up problem the user can fix (a flag, a
 config file, a port in use) is one line naming it, exit status 1.
 """
 import dataclasses
