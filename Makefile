@@ -11,8 +11,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,beam]"
+	$(PY) -m pip install --quiet uv
+	$(PY) -m uv pip install --quiet --compile-bytecode --python $(PY) -e ".[test,beam]" \
+	  || $(PY) -m pip install --quiet -e ".[test,beam]"
 	@touch $(STAMP)
 
 demo: $(STAMP)
