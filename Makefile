@@ -23,8 +23,9 @@ demo: $(STAMP)
 flywheel-demo: $(STAMP)
 	$(PY) scripts/flywheel_demo.py --fresh
 
-# The suite over pytest-xdist workers, costliest tests first (tests/scheduling.py).
-TEST_WORKERS ?= 2
+# The suite over pytest-xdist workers, costliest tests first (tests/scheduling.py); three
+# on 2 cores, so a core never waits while a worker's test waits (docs/development.md).
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
