@@ -123,17 +123,26 @@ def check_data_dir(data_dir, split="train"):
         % (data_dir, split, schema.INFO_FILE, convert))
 
 
-def _parse(serialized):
-    parsed = tf.io.parse_single_example(serialized, schema.feature_spec(with_label=True))
-    return parsed[schema.ENCODED], tf.cast(parsed[schema.LABEL], tf.int32)
+def _parser(teacher_classes):
+    """record -> (encoded image, label, {"teacher": probabilities} or {})."""
+    spec = schema.feature_spec(with_label=True, teacher_classes=teacher_classes)
+
+    def parse(serialized):
+        parsed = tf.io.parse_single_example(serialized, spec)
+        extra = {"teacher": parsed[schema.TEACHER]} if teacher_classes else {}
+        return parsed[schema.ENCODED], tf.cast(parsed[schema.LABEL], tf.int32), extra
+    return parse
 
 
-def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=None):
+def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=None,
+                  teacher_classes=0):
     """Returns an Estimator input_fn over `<data_dir>/<split>-*-of-*`.
 
     Files are listed and checked when this is called, so a missing or truncated
     shard fails at once with its name. Training repeats forever unless
-    `num_epochs` is given; evaluation makes one ordered pass.
+    `num_epochs` is given; evaluation makes one ordered pass. With `teacher_classes`
+    (distillation, model.py), the features also hold "teacher": each record's
+    schema.TEACHER probabilities, zeros where it has none.
     """
     if not tf.io.gfile.exists(os.path.join(data_dir, schema.INFO_FILE)):
         raise dataset.DatasetError(
@@ -147,7 +156,7 @@ def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=
             check_tfrecord_file(path)
     spec = config.preprocess
 
-    def preprocess(encoded, label):
+    def preprocess(encoded, label, extra):
         if is_training:
             image = preprocessing.train_image(
                 encoded, spec.image_size, spec.style, config.area_range,
@@ -156,7 +165,7 @@ def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=
         else:
             image = preprocessing.eval_image(encoded, spec.image_size, spec.style,
                                              spec.central_fraction, spec.max_image_pixels)
-        return {"image": image}, label
+        return dict(extra, image=image), label
 
     def input_fn(params=None, input_context=None):
         del params
@@ -186,7 +195,7 @@ def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=
                             reshuffle_each_iteration=True)
         if is_training or num_epochs:
             ds = ds.repeat(num_epochs if num_epochs else None)
-        ds = ds.map(_parse, num_parallel_calls=config.num_parallel_calls,
+        ds = ds.map(_parser(teacher_classes), num_parallel_calls=config.num_parallel_calls,
                     deterministic=ordered)
         ds = ds.map(preprocess, num_parallel_calls=config.num_parallel_calls,
                     deterministic=ordered)

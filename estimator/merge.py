@@ -18,7 +18,11 @@ set is written like a converted one (shards, labels.txt, dataset_info.json; stag
   rewritten by class name (`image/class/text`), since the converter numbered only the
   classes someone labelled; a class the model does not know is a DatasetError.
 
-The original shards are hard-linked when they can be (same file system), else copied.
+The original shards are hard-linked when they can be (same file system), else copied;
+with a `teacher` (distillation, --distill_weight), the original training records are
+rewritten instead, each with the serving version's probabilities for its image
+(`image/class/teacher`), and dataset_info.json says `"teacher": true`. The new labels get
+none: what they teach is their label.
 """
 import collections
 import json
@@ -57,6 +61,40 @@ def _rewrite(source, target, ids):
     return per_class
 
 
+def _with_teacher(source, target, teacher, num_classes, batch=64):
+    """Copies a shard, each record with teacher(encoded images) probabilities added;
+    returns per class."""
+    per_class = collections.Counter()
+
+    def flush(examples):
+        probabilities = teacher([e.features.feature[schema.ENCODED].bytes_list.value[0]
+                                 for e in examples])
+        if len(probabilities) != len(examples) or any(
+                len(row) != num_classes for row in probabilities):
+            raise dataset.DatasetError(
+                "%s: the teacher gave %d rows of %s values for %d images; each needs %d, "
+                "one per class" % (source, len(probabilities),
+                                   "/".join(str(n) for n in sorted({len(row) for row in
+                                                                    probabilities})),
+                                   len(examples), num_classes))
+        for example, row in zip(examples, probabilities):
+            schema.set_teacher(example, row)
+            writer.write(example.SerializeToString())
+            per_class[example.features.feature[schema.TEXT].bytes_list.value[0].decode(
+                "utf-8")] += 1
+
+    with tf.io.TFRecordWriter(target) as writer:
+        pending = []
+        for record in tf.compat.v1.io.tf_record_iterator(source):
+            pending.append(tf.train.Example.FromString(record))
+            if len(pending) == batch:
+                flush(pending)
+                pending = []
+        if pending:
+            flush(pending)
+    return per_class
+
+
 def _counts(path):
     """Records per class of an original shard (read, not trusted from its info)."""
     per_class = collections.Counter()
@@ -66,9 +104,10 @@ def _counts(path):
     return per_class
 
 
-def merge(original, new, output_dir, class_names, repeats=1):
+def merge(original, new, output_dir, class_names, repeats=1, teacher=None):
     """Writes the merged data set (module docstring) into `output_dir`, replacing what is
-    there; returns its dataset_info dictionary."""
+    there; returns its dataset_info dictionary. `teacher(encoded images)` -> one row of
+    probabilities over `class_names` per image, for distillation (None: none)."""
     if repeats < 1:
         raise dataset.DatasetError("repeats must be >= 1, got %d" % repeats)
     ids = dataset.label_ids(class_names)
@@ -89,7 +128,7 @@ def merge(original, new, output_dir, class_names, repeats=1):
         info = {"num_classes": len(class_names), "labels": list(class_names), "splits": {},
                 "merged_from": {"original": os.path.abspath(original),
                                 "new": os.path.abspath(new), "new_train_repeats": repeats},
-                "skipped": [], "serving_notes": []}
+                "skipped": [], "serving_notes": [], "teacher": teacher is not None}
         for split, shards in sources.items():
             per_class, counts = collections.Counter(), []
             new_count = 0
@@ -98,6 +137,8 @@ def merge(original, new, output_dir, class_names, repeats=1):
                 if rewrite:
                     found = _rewrite(source, target, ids)
                     new_count += sum(found.values())
+                elif teacher is not None and split == schema.TRAIN:
+                    found = _with_teacher(source, target, teacher, len(class_names))
                 else:
                     _link_or_copy(source, target)
                     found = _counts(source)

@@ -89,6 +89,12 @@ class ModelConfig:
     weight_decay: float = fields.option(1e-4, "L2 weight decay on trained conv weights.",
                                         fields.NON_NEGATIVE)
     label_smoothing: float = fields.option(0.0, "Label smoothing.", fields.FRACTION)
+    distill_weight: float = fields.option(
+        0.0, "Weight of a distillation loss (Learning without Forgetting): on training "
+        "records that carry a teacher's probabilities (image/class/teacher, written by "
+        "slimserve-retrain), the cross-entropy of the net's answer against them is added "
+        "at this weight, so the original images keep the serving version's answers while "
+        "the new ones are learnt; 0: off.", fields.Bound(0.0, 100.0))
     batch_norm_decay: Optional[float] = fields.option(
         None, "BatchNorm moving-average decay (default: from --max_steps, 1 - %d/max_steps "
         "within [%g, %g], so the moving statistics forget the checkpoint's within a tenth "
@@ -262,6 +268,22 @@ def embeddings_from_logits(logits):
     return tf.identity(tf.cast(features, tf.float32), name="embeddings")
 
 
+def distillation_loss(features, logits):
+    """Mean cross-entropy of the net's answers against features["teacher"], over the
+    records that have a teacher (a row of zeros has none: a new label). Needs the input
+    pipeline's teacher (inputs.make_input_fn teacher_classes)."""
+    if not isinstance(features, dict) or "teacher" not in features:
+        raise errors.UserError(
+            "--distill_weight needs training records with a teacher's probabilities "
+            "(image/class/teacher): slimserve-retrain writes them; a data set from "
+            "slimserve-convert has none")
+    teacher = tf.cast(features["teacher"], tf.float32)
+    has_teacher = tf.cast(tf.reduce_sum(teacher, axis=1) > 0, tf.float32)
+    per_record = tf.nn.softmax_cross_entropy_with_logits(
+        labels=teacher, logits=tf.cast(logits, tf.float32))
+    return tf.reduce_sum(per_record * has_teacher) / tf.maximum(tf.reduce_sum(has_teacher), 1.0)
+
+
 def ema_saver(config):
     """A Saver that loads EMA weights into the model variables (eval and export)."""
     if not config.moving_average_decay:
@@ -301,6 +323,8 @@ def model_fn(features, labels, mode, params, config=None):
     train_vars = trained_variables(model_config)
     decayed = [v for v in train_vars if v.op.name.endswith("/weights")]
     loss = cross_entropy
+    if is_training and model_config.distill_weight > 0:
+        loss += model_config.distill_weight * distillation_loss(features, logits)
     if model_config.weight_decay > 0 and decayed:
         loss += model_config.weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in decayed])
     tf.compat.v1.add_to_collection(guards.LOSS_COLLECTION, loss)  # for guards.LossGuardHook

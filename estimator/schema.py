@@ -4,8 +4,9 @@ conventions, defined once in slimserve/conventions.py and re-exported here."""
 import tensorflow as tf
 
 from slimserve.conventions import (  # noqa: F401  (re-exported: the data set's vocabulary)
-    CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, INFO_FILE, LABEL, LABELS_FILE, SPLITS, TEXT,
-    TRAIN, VALIDATION, WIDTH, format_labels, parse_labels, shard_name, shard_pattern)
+    CHANNELS, ENCODED, FILENAME, FORMAT, HEIGHT, INFO_FILE, LABEL, LABELS_FILE, SPLITS,
+    TEACHER, TEXT, TRAIN, VALIDATION, WIDTH, format_labels, parse_labels, shard_name,
+    shard_pattern)
 
 
 def _bytes(value):
@@ -31,15 +32,27 @@ def make_example(encoded, image_format, label, text, height, width, channels=3,
     }))
 
 
-def feature_spec(with_label=True):
-    """Parsing spec; serving requests (classify) may carry no label."""
+def feature_spec(with_label=True, teacher_classes=0):
+    """Parsing spec; serving requests (classify) may carry no label. With
+    `teacher_classes`, also the TEACHER probabilities (all zeros in a record without
+    them: a new label, which has no teacher)."""
     spec = {
         ENCODED: tf.io.FixedLenFeature([], tf.string),
         FORMAT: tf.io.FixedLenFeature([], tf.string, default_value="jpeg"),
     }
     if with_label:
         spec[LABEL] = tf.io.FixedLenFeature([], tf.int64)
+    if teacher_classes:
+        spec[TEACHER] = tf.io.FixedLenFeature([teacher_classes], tf.float32,
+                                              default_value=[0.0] * teacher_classes)
     return spec
+
+
+def set_teacher(example, probabilities):
+    """Adds (or replaces) the TEACHER probabilities of a tf.Example, in place."""
+    feature = example.features.feature[TEACHER]
+    del feature.float_list.value[:]
+    feature.float_list.value.extend(float(p) for p in probabilities)
 
 
 def read_labels(path):

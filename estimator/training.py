@@ -21,8 +21,10 @@ estimator library never imports export/: the exporters come from `exporters_fact
 """
 import contextlib
 import dataclasses
+import json
 import logging
 import math
+import os
 import time
 from typing import Dict, List, Optional
 
@@ -84,6 +86,23 @@ def build_configs(config):
         logging.info("defaults for this run: %s", "; ".join(notes))
     train_input, eval_input = config.input_configs(config.preprocess())
     return model_config, train_input, eval_input
+
+
+def _teacher_classes(config, model_config):
+    """The number of teacher probabilities per training record when --distill_weight
+    distils (0 when it does not); the data set must say it carries them."""
+    if not model_config.distill_weight:
+        return 0
+    info_path = os.path.join(config.data.data_dir, schema.INFO_FILE)
+    with tf.io.gfile.GFile(info_path) as handle:
+        info = json.load(handle)
+    if not info.get("teacher"):
+        raise errors.UserError(
+            "--distill_weight %g: --data_dir %s has no teacher probabilities (%s has no "
+            "\"teacher\"): slimserve-retrain writes them when it distils; pass "
+            "--distill_weight=0 to train on a data set from slimserve-convert"
+            % (model_config.distill_weight, config.data.data_dir, info_path))
+    return model_config.num_classes
 
 
 def make_estimator(config, model_config):
@@ -186,7 +205,8 @@ def run(config, exporters_factory=None):
     config.validate()
     model_config, train_input, eval_input = build_configs(config)
     data = config.data
-    train_fn = inputs.make_input_fn(data.data_dir, data.train_split, True, train_input)
+    train_fn = inputs.make_input_fn(data.data_dir, data.train_split, True, train_input,
+                                    teacher_classes=_teacher_classes(config, model_config))
     eval_fn = inputs.make_input_fn(data.data_dir, data.eval_split, False, eval_input)
     exporters = []
     if exporters_factory is not None and config.export.export:

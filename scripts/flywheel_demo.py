@@ -43,6 +43,7 @@ MODEL = "digits"
 RETRAIN_LEARNING_RATE = 1e-3
 NEW_LABEL_REPEATS = 3
 SERVING_WEIGHT = 0.0
+DISTILL_WEIGHT = 0.0
 CLASSES = [str(d) for d in range(10)]
 
 
@@ -160,6 +161,23 @@ def split_images(data_dir, split):
             [e.features.feature[schema.TEXT].bytes_list.value[0].decode() for e in examples])
 
 
+def seed_summary(per_seed, results):
+    """{label set: {each seed's accuracies, and per group the mean, lowest and highest
+    change in points from the serving version}}."""
+    summary = {}
+    for key, runs in per_seed.items():
+        summary[key] = {"runs": runs}
+        for group in ("shifted_test", "validation", "original_test"):
+            changes = [100 * (run[group] - results[group]["before"]) for run in runs
+                       if run[group] is not None]
+            if changes:
+                summary[key][group + "_change_points"] = {
+                    "mean": round(sum(changes) / len(changes), 2),
+                    "min": round(min(changes), 2), "max": round(max(changes), 2),
+                    "runs": len(changes)}
+    return summary
+
+
 def detection(report, shift_start):
     """(requests from the first shifted one to the end of the first flagged window that
     holds shifted images, unshifted windows flagged, unshifted windows)."""
@@ -250,8 +268,19 @@ def main(argv=None):
     parser.add_argument("--serving_weight", type=float, default=SERVING_WEIGHT,
                         help="slimserve-retrain --serving_weight: share of the serving "
                         "version's weights averaged into each retrained model (WiSE-FT).")
+    parser.add_argument("--distill_weight", type=float, default=DISTILL_WEIGHT,
+                        help="slimserve-retrain --distill_weight: weight of the serving "
+                        "version's answers on the original training images (Learning "
+                        "without Forgetting); 0: off.")
+    parser.add_argument("--retrain_seeds", type=int, default=1,
+                        help="Retrain on each label set with this many seeds (0, 1, ...; "
+                        "the ones after the first with --nopublish) and report each "
+                        "seed's accuracies and their mean: one retraining's change on 199 "
+                        "validation images moves by an image or two with the seed alone.")
     demo.add_flag_file_arguments(parser)
     args = parser.parse_args(argv)
+    if args.retrain_seeds < 1:
+        parser.error("--retrain_seeds must be at least 1")
     demo.quiet_logging()
     from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
     from slimserve.testing import digits_traffic  # pylint: disable=import-outside-toplevel
@@ -274,7 +303,8 @@ def main(argv=None):
     reuse = args.keep_first_model and os.path.isdir(path("run", "export", "final"))
     for folder in ["models", "logs", "drift", "labels_proposed", "labels_random",
                    "retrain_proposed", "retrain_random"] + \
-            ([] if reuse else ["source_run", "run"]):
+            ([] if reuse else ["source_run", "run"]) + \
+            [name for name in os.listdir(work) if re.match(r"retrain_\w+_seed\d+$", name)]:
         shutil.rmtree(path(folder), ignore_errors=True)
     if not reuse:
         demo.stage("convert the training part", demo.python(
@@ -313,7 +343,8 @@ def main(argv=None):
               "retrain": {"steps": args.retrain_steps,
                           "learning_rate": args.retrain_learning_rate,
                           "new_label_repeats": args.new_label_repeats,
-                          "serving_weight": args.serving_weight}}
+                          "serving_weight": args.serving_weight,
+                          "distill_weight": args.distill_weight, "seeds": args.retrain_seeds}}
     try:
         send(server.port, [data for data, _ in plain + shift])
         server.flush_request_logs(timeout=60)
@@ -359,7 +390,8 @@ def main(argv=None):
                          args.retrain_steps, "--exports_to_keep", 1,
                          "--learning_rate", args.retrain_learning_rate,
                          "--new_label_repeats", args.new_label_repeats,
-                         "--serving_weight", args.serving_weight, *bar]
+                         "--serving_weight", args.serving_weight,
+                         "--distill_weight", args.distill_weight, *bar]
         codes = {}
         for key, extra in (("proposed", ["--promote"]), ("random", ["--nopublish"])):
             name = "retrain on the %s labels" % key
@@ -371,6 +403,18 @@ def main(argv=None):
             timings[name] = round(time.time() - step_started, 1)
         retrains = {key: json.load(open(path("retrain_" + key, "retrain_report.json")))
                     for key in ("proposed", "random")}
+        seeded = {key: [retrains[key]["candidate"]] for key in retrains}
+        for seed in range(1, args.retrain_seeds):
+            for key in ("proposed", "random"):
+                folder = path("retrain_%s_seed%d" % (key, seed))
+                argv = demo.python("slimserve.cli.retrain", "--labels_dir",
+                                   path("labels_" + key), "--model_dir", folder,
+                                   *retrain_flags, "--seed", seed, "--nopublish")
+                print("\n== retrain on the %s labels, seed %d\n$ %s" % (
+                    key, seed, " ".join(argv)), flush=True)
+                subprocess.run(argv, cwd=ROOT, check=False)
+                seeded[key].append(json.load(open(os.path.join(
+                    folder, "retrain_report.json")))["candidate"])
 
         # --- before / after, on digits no model saw ---------------------------------------
         test = [(shifted(open(p, "rb").read(), args.shift), c) for p, c in parts["test"]]
@@ -382,16 +426,23 @@ def main(argv=None):
         validation_images, validation_labels = split_images(path("data"), "validation")
         serving_dir = os.path.join(base, first)
         results = {"shifted_test": {}, "validation": {}, "original_test": {}}
+        per_seed = {key: [] for key in seeded}
         for key in ("random", "proposed"):
-            candidate = retrains[key]["candidate"]
-            for group, images, labels in (("shifted_test", test_images, test_labels),
-                                          ("validation", validation_images,
-                                           validation_labels),
-                                          ("original_test", [d for d, _ in original],
-                                           [c for _, c in original])):
-                measured = accuracy(images, labels, serving_dir, candidate)
-                results[group]["before"] = measured["baseline_accuracy"]
-                results[group][key] = measured["candidate_accuracy"]
+            for seed, candidate in enumerate(seeded[key]):
+                scores = {}
+                for group, images, labels in (("shifted_test", test_images, test_labels),
+                                              ("validation", validation_images,
+                                               validation_labels),
+                                              ("original_test", [d for d, _ in original],
+                                               [c for _, c in original])):
+                    measured = accuracy(images, labels, serving_dir, candidate) \
+                        if candidate else {"baseline_accuracy": None,
+                                           "candidate_accuracy": None}
+                    scores[group] = measured["candidate_accuracy"]
+                    if seed == 0:
+                        results[group]["before"] = measured["baseline_accuracy"]
+                        results[group][key] = measured["candidate_accuracy"]
+                per_seed[key].append(dict(scores, seed=seed))
         promoted = retrains["proposed"].get("published", {}).get("version")
         served_after = None
         if promoted:
@@ -422,6 +473,7 @@ def main(argv=None):
             "holdout", "validation", "traffic", "passed", "refused_because", "published")}
             for key in retrains},
         "promoted_version": promoted, "served_accuracy_on_shifted_after": served_after,
+        "seeds": seed_summary(per_seed, results),
         "test_images": len(test_images), "validation_images": len(validation_images)}
     report["stage_seconds"] = timings
     report["total_seconds"] = round(time.time() - started, 1)
@@ -454,6 +506,16 @@ def main(argv=None):
                                                results["original_test"]["before"],
                                                results["original_test"]["proposed"],
                                                flywheel["original_test_change_points"]))
+    if args.retrain_seeds > 1:
+        for key in ("proposed", "random"):
+            print("  %s labels over %d seeds, change in points (mean, lowest, highest): "
+                  "%s" % (key, args.retrain_seeds, "; ".join(
+                      "%s %+.2f (%+.2f .. %+.2f)" % (
+                          group, found["mean"], found["min"], found["max"])
+                      for group, found in ((g, flywheel["seeds"][key].get(
+                          g + "_change_points")) for g in (
+                              "shifted_test", "validation", "original_test"))
+                      if found)))
     print("  retrain: proposed %s (exit %d), random %s (exit %d); promoted version %s, "
           "served accuracy on the shifted test through `stable`: %s" % (
               "passed" if retrains["proposed"]["passed"] else "refused", codes["proposed"],

@@ -20,6 +20,9 @@ HEIGHT = "image/height"
 WIDTH = "image/width"
 CHANNELS = "image/channels"
 FILENAME = "image/filename"
+# float list, one per class: the serving version's probabilities for an original training
+# image, written by slimserve-retrain's merge when it distils (--distill_weight)
+TEACHER = "image/class/teacher"
 
 # --- a converted data set ----------------------------------------------------------------
 TRAIN = "train"

@@ -11,7 +11,9 @@ The flywheel's last arrow, each step an existing piece called once:
    (estimator/dataset.py), a stratified --holdout_fraction of it held out;
 2. merge (estimator/merge.py): the original data set's training split plus the new
    training part (--new_label_repeats times), its validation split unchanged plus the new
-   held-out part, the serving model's classes;
+   held-out part, the serving model's classes; with --distill_weight, each original
+   training image also carries the serving version's probabilities, which the fine-tune
+   is held to (Learning without Forgetting: the old images keep their old answers);
 3. fine-tune from the serving version (training.run: its variables/variables are a
    checkpoint with slim's names, the head kept) and export (export/exporters.py: the
    Final and Best exporters, each export with its reference); with --serving_weight,
@@ -30,6 +32,7 @@ it was refused or on an error; `<model_dir>/retrain_report.json` has every figur
 Clients that must keep the stable version ask for version_label "stable": TF Serving
 answers a request naming no version with the newest loaded version.
 """
+import contextlib
 import dataclasses
 import json
 import logging
@@ -138,6 +141,26 @@ def _serving(config):
         raise errors.UserError("%s has no assets/labels.txt: its classes are unknown" % path)
     return Serving(name or os.path.basename(base.rstrip("/")), base, version, path, names,
                    labels)
+
+
+@contextlib.contextmanager
+def _teacher(serving):
+    """encoded images -> the serving version's probabilities (its serving_default
+    signature, as the server answers), for --distill_weight."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from slimserve import conventions  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.core import servable as servable_lib  # pylint: disable=import-outside-toplevel
+    servable = servable_lib.Servable(serving.name, serving.version, serving.version_dir)
+    try:
+        _, signature_def = servable.signature(conventions.DEFAULT_SIGNATURE)
+
+        def probabilities(images):
+            feeds = {conventions.IMAGE_BYTES: np.array(images, dtype=object)}
+            return servable.run(signature_def, feeds,
+                                [conventions.PROBABILITIES])[conventions.PROBABILITIES]
+        yield probabilities
+    finally:
+        servable.retire()
 
 
 def _train_config(config, serving, merged):
@@ -297,8 +320,11 @@ def main(config, args):
             config.labels_dir, new_data, validation_fraction=config.holdout_fraction,
             train_shards=1, validation_shards=1, seed=config.train.run.seed,
             overwrite=True, show_progress=config.progress)
-        merged_info = merge.merge(original, new_data, merged, serving.class_names,
-                                  config.new_label_repeats)
+        with contextlib.ExitStack() as stack:
+            teacher = (stack.enter_context(_teacher(serving))
+                       if config.train.model.distill_weight else None)
+            merged_info = merge.merge(original, new_data, merged, serving.class_names,
+                                      config.new_label_repeats, teacher=teacher)
     logging.info("new labels: %d to train on, %d held out; merged training split %d "
                  "images, validation %d", info["splits"]["train"]["count"],
                  info["splits"]["validation"]["count"],
