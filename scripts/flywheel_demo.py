@@ -384,8 +384,13 @@ def main(argv=None):
                               {hashlib.sha256(d).hexdigest() for d, _ in plain} for r in rows)
 
         # --- retrain on each, check, publish (the proposed ones) --------------------------
+        # Every retrain fine-tunes from, and is checked against, the version that served
+        # the traffic: by the time the random labels' retrain runs, the proposed labels'
+        # candidate may have been promoted to `stable`, and starting from it would give the
+        # random labels the proposed ones too.
         retrain_flags = ["--flagfile", args.finetune_flags, "--data_dir", path("data"),
-                         "--model_config_file", config_file, "--logs", logs_glob, "--max_steps", args.retrain_steps,
+                         "--model_config_file", config_file, "--serving_version", first,
+                         "--logs", logs_glob, "--max_steps", args.retrain_steps,
                          "--decay_steps", args.retrain_steps, "--save_checkpoints_steps",
                          args.retrain_steps, "--exports_to_keep", 1,
                          "--learning_rate", args.retrain_learning_rate,
