@@ -268,7 +268,8 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         tmp_path, export_dir, digits_data, digits_dir, drift_parts):
     """The ResNet export of the suite's training run, served from a config file: new
     labels of inverted digits, a short fine-tune warm-started from the export's variables
-    (EMA weights), averaged with them (--serving_weight), the canary check and
+    (EMA weights) and held to the served answers on the original images
+    (--distill_weight), averaged with them (--serving_weight), the canary check and
     --promote."""
     base = tmp_path / "models" / "resnet"
     shutil.copytree(export_dir, base / "1")
@@ -280,6 +281,7 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         "slimserve.cli.retrain", "--labels_dir", tree, "--data_dir", digits_data,
         "--model_dir", tmp_path / "run", "--model_config_file", config_file,
         "--max_regression", 1.0, "--promote", "--noprogress", "--serving_weight", 0.5,
+        "--distill_weight", 1.0,
         "--image_size", IMAGE_SIZE, "--max_steps", 30, "--batch_size", 32,
         "--save_checkpoints_steps", 30, "--optimizer", "adam", "--learning_rate", 0.001,
         "--opt_epsilon", 1e-8, "--min_crop_area", 0.85, "--norandom_flip",
@@ -293,6 +295,14 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
     # above chance on the original validation split.
     assert report["validation"]["candidate_accuracy"] > 0.5, report
     assert result.code == 0, result.output
+    # Distilled: the merged training split's original records carry the served
+    # probabilities (test_distillation.py checks their values), the new ones none.
+    assert report["distill_weight"] == 1.0
+    merged = str(tmp_path / "run" / "retrain" / "data")
+    assert json.load(open(os.path.join(merged, schema.INFO_FILE)))["teacher"] is True
+    taught = [bool(e.features.feature[schema.TEACHER].float_list.value)
+              for e in splits.read_examples(merged, "train")]
+    assert 0 < sum(taught) < len(taught)
     # The candidate is the average, exported on its own (the run's exporters stay off).
     assert report["serving_weight"] == 0.5
     assert os.path.dirname(report["candidate"]) == str(tmp_path / "run" / "export" / "averaged")

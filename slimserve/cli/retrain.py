@@ -341,7 +341,8 @@ def main(config, args):
               "new_labels": {"train": info["splits"]["train"]["count"],
                              "holdout": info["splits"]["validation"]["count"]},
               "eval": {k: float(v) for k, v in (result.eval_result or {}).items()},
-              "candidate": candidate, "serving_weight": config.serving_weight}
+              "candidate": candidate, "serving_weight": config.serving_weight,
+              "distill_weight": config.train.model.distill_weight}
     if candidate is None:
         reasons = ["no export: %s" % ("; ".join(result.refused.values()) or
                                       "the run exported nothing")]
