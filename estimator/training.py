@@ -94,9 +94,13 @@ def _teacher_classes(config, model_config):
     if not model_config.distill_weight:
         return 0
     info_path = os.path.join(config.data.data_dir, schema.INFO_FILE)
-    with tf.io.gfile.GFile(info_path) as handle:
-        info = json.load(handle)
-    if not info.get("teacher"):
+    try:
+        with tf.io.gfile.GFile(info_path) as handle:
+            info = json.load(handle)
+    except (OSError, tf.errors.OpError, ValueError) as error:
+        raise errors.UserError("--data_dir: %s cannot be read (%s)" % (info_path, error)) \
+            from None
+    if not isinstance(info, dict) or not info.get("teacher"):
         raise errors.UserError(
             "--distill_weight %g: --data_dir %s has no teacher probabilities (%s has no "
             "\"teacher\"): slimserve-retrain writes them when it distils; pass "

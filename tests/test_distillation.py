@@ -133,3 +133,12 @@ def test_distilling_a_data_set_without_teachers_names_the_flag_and_the_folder(
             config, model.ModelConfig(num_classes=10, distill_weight=0.5))
     assert training._teacher_classes(  # pylint: disable=protected-access
         config, model.ModelConfig(num_classes=10)) == 0
+
+
+def test_an_unreadable_data_set_info_is_one_error_naming_it(tmp_path):
+    (tmp_path / schema.INFO_FILE).write_bytes(b'{"teacher": tru')  # cut short
+    config = train_config.TrainConfig(data=train_config.DataOptions(data_dir=str(tmp_path)))
+    with pytest.raises(errors.UserError, match="--data_dir: .*dataset_info.json cannot be "
+                       "read"):
+        training._teacher_classes(  # pylint: disable=protected-access
+            config, model.ModelConfig(num_classes=10, distill_weight=1.0))
