@@ -127,7 +127,11 @@ def test_killed_export_is_never_loaded_by_a_polling_server(trained_run, tmp_path
     manager.start_polling(0.05)
     try:
         def temp_dir_exists():
-            return any(n.startswith(".tmp-") for n in os.listdir(base))
+            """Mid-write: a claimed `.tmp-<version>` whose owner file is written (killed in
+            the microseconds between the two, an export leaves a directory that only its
+            age removes, STALE_TEMP_SECONDS later: a run under three workers hit that)."""
+            names = os.listdir(base)
+            return any(n.startswith(".tmp-") and n + ".owner" in names for n in names)
 
         assert _kill_when(["slimserve.cli.export", "--model_dir", trained_run, "--export_base", base],
                           temp_dir_exists), "export finished before it could be killed"
