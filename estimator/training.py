@@ -118,6 +118,7 @@ def make_estimator(config, model_config):
         save_checkpoints_steps=run.checkpoint_steps(),
         save_checkpoints_secs=run.save_checkpoints_secs,
         keep_checkpoint_max=run.keep_checkpoint_max,
+        checkpoint_save_graph_def=run.checkpoint_save_graph_def,
         log_step_count_steps=run.log_step_count_steps,
         save_summary_steps=run.save_summary_steps,
         session_config=run_config.session_config(speed.xla, speed.precision,

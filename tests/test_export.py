@@ -1,5 +1,6 @@
 """Exports from a real short training run: signatures, saved_model_cli, Classify,
 a TF-only process, bad images, atomic publication."""
+import glob
 import json
 import os
 import subprocess
@@ -11,12 +12,15 @@ import tensorflow as tf
 
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
+from slimserve import fields
 from slimserve.estimator import splits
+from slimserve.estimator import train_config
 from slimserve.estimator import training
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.export import writer
 from slimserve.serving.core import servable as servable_lib
+from slimserve.testing import commands
 from slimserve.testing.commands import run_command
 
 CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
@@ -44,6 +48,25 @@ def test_final_and_best_exports_exist_with_assets(trained_run, export_dir):
     version = sorted(os.listdir(best))[-1]
     result = json.load(open(os.path.join(best, version, signatures.EXTRA_DIR, "eval_result.json")))
     assert 0.0 <= result["accuracy"] <= 1.0
+
+
+def test_checkpoints_carry_no_text_graph_unless_asked_and_tensorboard_keeps_the_graph(
+        trained_run, tmp_path):
+    names = os.listdir(trained_run)
+    assert "model.ckpt-60.index" in names
+    assert not [n for n in names if n.endswith((".meta", ".pbtxt"))], names
+    graphs = []
+    for path in glob.glob(os.path.join(trained_run, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if event.graph_def:
+                graphs.append(tf.compat.v1.GraphDef.FromString(event.graph_def))
+    assert graphs and any(n.name.startswith("resnet_v1_50/block4/") for n in graphs[0].node)
+    for flag in ("--checkpoint_save_graph_def", "--nocheckpoint_save_graph_def"):
+        values = commands.flag_values("slimserve.cli.train")
+        values(["slimserve-train", "--data_dir=d", "--model_dir=%s" % tmp_path, flag])
+        config = fields.from_flags(train_config.TrainConfig, values)
+        estimator = training.make_estimator(config, config.model)
+        assert estimator.config.checkpoint_save_graph_def == (not flag.startswith("--no"))
 
 
 def test_a_checkpoint_both_exporters_want_is_exported_once_and_copied(trained_run,
