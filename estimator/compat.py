@@ -13,7 +13,13 @@ Seams handled here:
   ``batch_norm`` builds), and each of resnet_v1_50's 106 update ops then searches the
   whole graph: building the training graph took 17-35 s, and 177 s for two replicas.
   ``plain_graph_building`` builds the net without conversion (slim's nets are plain
-  Python over tensors; the graph is op for op the same): 4.6-7 s.
+  Python over tensors; the graph is op for op the same): 4.6-7 s. The preprocessing
+  (tf.data maps, the serving receiver's map_fn) is plain too (its loops and branches are
+  tf.while_loop and tf.cond): converting it cost ~1.5 s per training or export.
+- tf_slim's package init imports its metric-learning losses, which import scikit-learn
+  (with scipy) when it is installed, as the test extras install it: ~0.5 s in every
+  process that builds a net, for a loss slimserve never builds. ``import_tf_slim``
+  imports tf_slim as if scikit-learn were absent (tf_slim handles that itself).
 """
 import importlib
 import sys
@@ -39,6 +45,23 @@ def _alias_legacy_tf_layers():
             except ImportError:  # pragma: no cover - depends on tf-keras build
                 pass
     del package
+
+
+def import_tf_slim():
+    """tf_slim without scikit-learn: a None entry in sys.modules makes tf_slim's one
+    `import sklearn.metrics` fail (its HAS_SKLEARN becomes False); the entry is removed
+    afterwards, so the process can still import scikit-learn itself."""
+    if "tf_slim" in sys.modules:
+        return sys.modules["tf_slim"]
+    blocked = "sklearn.metrics" not in sys.modules
+    if blocked:
+        sys.modules["sklearn.metrics"] = None
+    try:
+        return importlib.import_module("tf_slim")
+    finally:
+        if blocked and "sklearn.metrics" in sys.modules and \
+                sys.modules["sklearn.metrics"] is None:
+            del sys.modules["sklearn.metrics"]
 
 
 def plain_graph_building(function):

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 from slimserve import conventions
+from slimserve.estimator import compat
 from slimserve.estimator import dataset
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
@@ -156,6 +157,7 @@ def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=
             check_tfrecord_file(path)
     spec = config.preprocess
 
+    @compat.plain_graph_building
     def preprocess(encoded, label, extra):
         if is_training:
             image = preprocessing.train_image(
@@ -195,7 +197,8 @@ def make_input_fn(data_dir, split, is_training, config: InputConfig, num_epochs=
                             reshuffle_each_iteration=True)
         if is_training or num_epochs:
             ds = ds.repeat(num_epochs if num_epochs else None)
-        ds = ds.map(_parser(teacher_classes), num_parallel_calls=config.num_parallel_calls,
+        ds = ds.map(compat.plain_graph_building(_parser(teacher_classes)),
+                    num_parallel_calls=config.num_parallel_calls,
                     deterministic=ordered)
         ds = ds.map(preprocess, num_parallel_calls=config.num_parallel_calls,
                     deterministic=ordered)

@@ -25,7 +25,7 @@ from slimserve.estimator import nets
 from slimserve.estimator import preprocessing
 from slimserve.estimator import warm_start
 
-import tf_slim as slim  # pylint: disable=g-bad-import-order
+slim = compat.import_tf_slim()
 
 OPTIMIZERS = ("momentum", "sgd", "rmsprop", "adam")
 SCHEDULES = ("fixed", "exponential", "polynomial", "piecewise", "cosine")

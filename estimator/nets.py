@@ -10,11 +10,11 @@ from typing import Callable, Tuple
 import tensorflow as tf
 
 from slimserve import errors
-from slimserve.estimator import compat  # noqa: F401  (must precede tf_slim)  pylint: disable=unused-import
+from slimserve.estimator import compat
 from slimserve.estimator import preprocessing
 
-import tf_slim as slim  # pylint: disable=g-bad-import-order
-from tf_slim.nets import resnet_v1, resnet_v2, vgg  # pylint: disable=g-bad-import-order
+slim = compat.import_tf_slim()
+from tf_slim.nets import resnet_v1, resnet_v2, vgg  # pylint: disable=g-bad-import-order,wrong-import-position
 
 
 @dataclasses.dataclass(frozen=True)

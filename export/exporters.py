@@ -18,6 +18,7 @@ import os
 import tensorflow as tf
 
 from slimserve import errors
+from slimserve.estimator import compat
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
 from slimserve.export import blessing
@@ -36,9 +37,10 @@ def predict_probabilities(estimator, images, checkpoint_path, preprocess):
 
     def input_fn():
         ds = tf.data.Dataset.from_tensor_slices(list(images))
-        ds = ds.map(lambda encoded: {"image": preprocessing.eval_image(
-            encoded, preprocess.image_size, preprocess.style, preprocess.central_fraction,
-            preprocess.max_image_pixels)})
+        ds = ds.map(compat.plain_graph_building(lambda encoded: {
+            "image": preprocessing.eval_image(encoded, preprocess.image_size, preprocess.style,
+                                              preprocess.central_fraction,
+                                              preprocess.max_image_pixels)}))
         return ds.batch(len(images))
 
     return [p["probabilities"] for p in estimator.predict(

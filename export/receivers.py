@@ -14,6 +14,7 @@ import collections
 
 import tensorflow as tf
 
+from slimserve.estimator import compat
 from slimserve.estimator import preprocessing
 from slimserve.estimator import schema
 from slimserve.export import signatures
@@ -31,6 +32,7 @@ def build_serving_inputs(preprocess):
     image_bytes = tf.compat.v1.placeholder_with_default(
         parsed[schema.ENCODED], [None], name="input_image_bytes")
 
+    @compat.plain_graph_building
     def to_pixels(encoded):
         return preprocessing.decode_eval_pixels(encoded, image_size, style,
                                                 preprocess.central_fraction,
