@@ -26,7 +26,10 @@ flywheel-demo: $(STAMP)
 # The suite over pytest-xdist workers, costliest tests first (tests/scheduling.py); three
 # on 2 cores, so a core never waits while a worker's test waits (docs/development.md).
 TEST_WORKERS ?= 3
+# Bytecode of our sources first: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
+# each of the suite's ~170 processes would compile the modules it imports again.
 test: $(STAMP)
+	$(PY) -m compileall -q slimserve estimator export serving tests > /dev/null
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 bench: bench-input bench-train bench-serve bench-bulk bench-warmup
