@@ -232,6 +232,37 @@ def test_cost_model_keeps_measured_points_and_fits_a_line():
     assert learner.hold_bound(1, 4, 2, cap=0.001) == 0.001
 
 
+def _learner_timed_like_32x32_over_grpc(gap_shared):
+    """A learner whose costs are those measured at 32x32 over gRPC with 32 clients (one run
+    of 32: 55 ms, turnaround 8 ms; two overlapped runs of 16: 61.5 ms each), and whose
+    two-runs slots stood idle `gap_shared` seconds between runs."""
+    learner = adaptive.Learner()
+    for _ in range(3):
+        learner.cost.observe(32, 0.055, overlapped=False)
+        learner.cost.observe(16, 0.0615, overlapped=True)
+    learner.gap = 0.008
+    if gap_shared is not None:
+        record = adaptive.Decision("target", 16)
+        record.parallel = 2
+        learner.last_end = 1.0
+        learner.started(record, 1.0 + gap_shared, alone=False)
+    return learner
+
+
+def test_two_runs_whose_slots_wait_for_their_clients_lose_to_one_full_run():
+    """Two runs taking turns serve 2 x 16 rows per T2(16) only if a run's slot never waits
+    for its half of the clients: the slot's idle time counts (at 32x32 over gRPC, 2 x 16
+    was chosen for 32/61.5 ms against 32/(55 + 8) ms and then served 0.82-0.86 of one run
+    of 32)."""
+    assert _learner_timed_like_32x32_over_grpc(None).plan(32, 32, 2, cap=0.5) == (2, 16)
+    waiting = _learner_timed_like_32x32_over_grpc(0.006)
+    assert waiting.gap_shared == pytest.approx(0.006)
+    assert waiting.state()["gap_shared"] == pytest.approx(0.006)
+    assert waiting.plan(32, 32, 2, cap=0.5) == (1, 32)
+    # A slot that starts again at once (rows were waiting): two runs still win.
+    assert _learner_timed_like_32x32_over_grpc(0.0).plan(32, 32, 2, cap=0.5) == (2, 16)
+
+
 def test_a_full_queue_is_unavailable(tmp_path):
     base = str(tmp_path / "spin")
     tiny_models.write_spin_model(base)

@@ -22,7 +22,9 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
 - with c requests in the system it plans batches near c: one run of c rows at a time
   (p=1), or two runs of c/2 taking turns (p=2: one fills while the other runs), whichever
   the cost model says serves more rows per second (c/(T1(c)+gap) against
-  c/T2(c/2)); the plan it does not use is measured again now and then;
+  c/(T2(c/2)+gap2), where gap is the clients' turnaround between runs made one at a time
+  and gap2 the time a run's slot stands idle while the other runs: its own half of the
+  clients turning around); the plan it does not use is measured again now and then;
 - it runs at once when the queue holds the planned batch, or when every request in the
   system is already queued or running (nothing more can come: a lone request never
   waits);
@@ -232,6 +234,7 @@ class Learner:
         self._explore = 0  # batches left to run with the plan not in use
         self._explored = {}  # concurrency -> batches run at its last re-measurement
         self.gap = None  # moving average of the idle time between runs, one at a time
+        self.gap_shared = None  # ... of a run's start after the latest end, another running
         self.last_end = None
 
     # --- the plan ------------------------------------------------------------------
@@ -257,7 +260,8 @@ class Learner:
             return 1, one
         shared = self.cost.estimate(two, True)
         gap = (self.gap or 0.0) if one >= c else 0.0  # all c at once: clients turn around
-        rate = {1: one / max(1e-9, alone + gap), 2: 2 * two / max(1e-9, shared)}
+        rate = {1: one / max(1e-9, alone + gap),
+                2: 2 * two / max(1e-9, shared + (self.gap_shared or 0.0))}
         best = max(rate, key=rate.get)
         current = self._plans.get(c)
         if current is None or (best != current and rate[best] > SWITCH_MARGIN * rate[current]):
@@ -292,10 +296,16 @@ class Learner:
 
     def started(self, decision, now, alone):
         """A batch starts: `decision` is its record; alone: no run of this kind is in
-        progress (the gap since the last one ended is the clients' turnaround)."""
-        if alone and self.last_end is not None and now - self.last_end < 1.0:
+        progress (the gap since the last one ended is the clients' turnaround). A run of
+        the two-runs plan that starts while the other runs measures its slot's idle time
+        since the latest end (gap2: a slot waits for its half of the clients too)."""
+        if self.last_end is not None and now - self.last_end < 1.0:
             gap = max(0.0, now - self.last_end)
-            self.gap = gap if self.gap is None else self.gap + ALPHA * (gap - self.gap)
+            if alone:
+                self.gap = gap if self.gap is None else self.gap + ALPHA * (gap - self.gap)
+            elif decision.parallel == 2:
+                self.gap_shared = gap if self.gap_shared is None else \
+                    self.gap_shared + ALPHA * (gap - self.gap_shared)
         if self._explore > 0:
             self._explore -= 1
         decision.time = now
@@ -324,6 +334,7 @@ class Learner:
             "delay_max": delays[-1] if delays else None,
             "batch_sizes": dict(self.batch_sizes), "cost": self.cost.points(),
             "line": self.cost.line(False), "line_overlapped": self.cost.line(True),
+            "gap": self.gap, "gap_shared": self.gap_shared,
         }
 
 
