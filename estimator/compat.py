@@ -17,7 +17,7 @@ Seams handled here:
   (tf.data maps, the serving receiver's map_fn) is plain too (its loops and branches are
   tf.while_loop and tf.cond): converting it cost ~1.5 s per training or export.
 - tf_slim's package init imports its metric-learning losses, which import scikit-learn
-  (with scipy) when it is installed, as the test extras install it: ~0.5 s in every
+  (with scipy) when it is installed, as the test extras install it: ~0.7 s in every
   process that builds a net, for a loss slimserve never builds. ``import_tf_slim``
   imports tf_slim as if scikit-learn were absent (tf_slim handles that itself).
 """
