@@ -263,6 +263,64 @@ def test_two_runs_whose_slots_wait_for_their_clients_lose_to_one_full_run():
     assert _learner_timed_like_32x32_over_grpc(0.0).plan(32, 32, 2, cap=0.5) == (2, 16)
 
 
+def test_one_stalled_client_does_not_flip_the_plan():
+    """The turnaround is the median of the recent idle times between runs: one client
+    that stalls for 200 ms (a pause, a slow network) leaves one full run of 32 in use,
+    where a moving average would have read a 56 ms turnaround and switched to 2 x 16."""
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    record = adaptive.Decision("target", 32)
+    record.parallel = 1
+    for index in range(10):
+        learner.last_end = float(index)
+        learner.started(record, index + 0.008, alone=True)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    learner.last_end = 20.0
+    learner.started(record, 20.2, alone=True)
+    assert learner.gap == pytest.approx(0.008)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+
+
+def _explorations(learner, batches):
+    """The batch indices at which plan() ran the plan not in use, over `batches` calls."""
+    runs = []
+    for index in range(batches):
+        if learner.plan(32, 32, 2, cap=0.5)[0] != learner._plans[32]:
+            runs.append(index)
+        learner.batches += 1
+        learner._explore = max(0, learner._explore - 1)
+    return runs
+
+
+def test_the_plan_not_in_use_is_measured_less_often_while_the_plan_in_use_stays_better():
+    """Each re-measurement of the plan not in use costs EXPLORE_BATCHES slower batches and
+    the re-merging of the clients (at 32x32 with 32 clients: 3% of one full run's rate),
+    so the interval doubles each time the plan in use stays, up to EXPLORE_MAX, and is
+    EXPLORE_EVERY again once the plan changes."""
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    learner.plan(32, 32, 2, cap=0.5)
+    starts = _explorations(learner, 6000)
+    first = [i for i in starts if i - 1 not in starts]  # each re-measurement's first batch
+    assert all(len([i for i in starts if f <= i < f + adaptive.EXPLORE_BATCHES]) ==
+               adaptive.EXPLORE_BATCHES for f in first)
+    gaps = [b - a for a, b in zip(first, first[1:])]
+    every = adaptive.EXPLORE_EVERY
+    assert first[0] == every
+    assert gaps[:4] == [2 * every, 4 * every, 8 * every, adaptive.EXPLORE_MAX]
+    assert set(gaps[3:]) == {adaptive.EXPLORE_MAX}
+    # Two runs become clearly faster: the plan changes and the interval starts again.
+    for _ in range(8):
+        learner.cost.observe(16, 0.030, overlapped=True)
+    learner.gap = 0.008
+    record = adaptive.Decision("target", 16)
+    record.parallel = 2
+    learner.last_end = 2.0
+    learner.started(record, 2.0, alone=False)  # a slot that starts again at once
+    _explorations(learner, adaptive.EXPLORE_BATCHES)  # a re-measurement under way ends
+    assert learner.plan(32, 32, 2, cap=0.5) == (2, 16)
+    again = _explorations(learner, 4 * every)
+    assert every - adaptive.EXPLORE_BATCHES <= again[0] <= every and again[adaptive.EXPLORE_BATCHES] > 2 * every
+
+
 def test_a_full_queue_is_unavailable(tmp_path):
     base = str(tmp_path / "spin")
     tiny_models.write_spin_model(base)

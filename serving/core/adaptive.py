@@ -24,7 +24,11 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   the cost model says serves more rows per second (c/(T1(c)+gap) against
   c/(T2(c/2)+gap2), where gap is the clients' turnaround between runs made one at a time
   and gap2 the time a run's slot stands idle while the other runs: its own half of the
-  clients turning around); the plan it does not use is measured again now and then;
+  clients turning around); the plan it does not use is measured again after
+  EXPLORE_EVERY batches, then after twice as many each time the plan in use stays the
+  better one (up to EXPLORE_MAX; back to EXPLORE_EVERY when the plan changes): each
+  re-measurement costs a few slower batches and the batches that merge the clients into
+  one cohort again;
 - it runs at once when the queue holds the planned batch, or when every request in the
   system is already queued or running (nothing more can come: a lone request never
   waits);
@@ -48,9 +52,11 @@ OUTLIER = 3.0  # a run counts as at most this many times the average of its size
 PEAK_EPOCHS = 4  # batches over which the peak number of requests in the system is kept
 RECORDS = 256  # decisions kept per kind of request
 DELAYS = 1024  # request queue delays kept per kind, for the status page's percentiles
-EXPLORE_EVERY = 128  # batches between two re-measurements of the plan not in use
+EXPLORE_EVERY = 128  # batches before the first re-measurement of the plan not in use
+EXPLORE_MAX = 2048  # ... and at most between two, once each has confirmed the plan in use
 EXPLORE_BATCHES = 4  # batches each re-measurement runs
-SWITCH_MARGIN = 1.05  # a plan must look this much faster to replace the one in use
+SWITCH_MARGIN = 1.10  # a plan must look this much faster to replace the one in use
+GAP_SAMPLES = 31  # idle times between runs whose median is the turnaround estimate
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
 RATE_WINDOW = 1.0  # seconds over which arrivals are counted for the arrival rate
 HOLD_FLOOR = 0.05  # a hold for missing rows may last this share of the target's run
@@ -233,9 +239,27 @@ class Learner:
         self._plans = {}  # concurrency -> parallel runs in use
         self._explore = 0  # batches left to run with the plan not in use
         self._explored = {}  # concurrency -> batches run at its last re-measurement
-        self.gap = None  # moving average of the idle time between runs, one at a time
-        self.gap_shared = None  # ... of a run's start after the latest end, another running
+        self._explore_every = {}  # concurrency -> batches until its next re-measurement
+        # The idle time between runs made one at a time (the clients' turnaround), and
+        # from the latest end to a run that starts while another runs (gap2): medians of
+        # the recent samples, so one stalled client or a scheduler hiccup does not flip
+        # the plan.
+        self._gaps = collections.deque(maxlen=GAP_SAMPLES)
+        self._gaps_shared = collections.deque(maxlen=GAP_SAMPLES)
         self.last_end = None
+
+    @property
+    def gap(self):
+        return _median(self._gaps)
+
+    @gap.setter
+    def gap(self, seconds):
+        self._gaps.clear()
+        self._gaps.append(seconds)
+
+    @property
+    def gap_shared(self):
+        return _median(self._gaps_shared)
 
     # --- the plan ------------------------------------------------------------------
 
@@ -244,9 +268,10 @@ class Learner:
         one run of c rows, or two of c/2 taking turns, whichever the cost model says
         serves more rows per second (measured points, else its lines once they stand on
         two sizes; until then the plan is tried), keeping the plan in use unless the other looks
-        SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches every
-        EXPLORE_EVERY to measure it again. One run at a time only while it lasts less
-        than `cap` (the bound): rows that arrive during it wait for it to end."""
+        SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches now and
+        then to measure it again (after EXPLORE_EVERY batches, then twice as many each time
+        the plan in use stayed, up to EXPLORE_MAX). One run at a time only while it lasts
+        less than `cap` (the bound): rows that arrive during it wait for it to end."""
         c = max(1, concurrency)
         one, two = min(c, limit), min(-(-c // 2), limit)
         if min(MAX_PARALLEL, threads) < 2 or c < 2:
@@ -265,15 +290,22 @@ class Learner:
         best = max(rate, key=rate.get)
         current = self._plans.get(c)
         if current is None or (best != current and rate[best] > SWITCH_MARGIN * rate[current]):
+            if current is not None:  # the plan changed: re-measure the other one soon
+                self._explore_every[c] = EXPLORE_EVERY
+                self._explored[c] = self.batches
             current = best
         if len(self._plans) >= 4 * EXACT_SIZES:
             self._plans.clear()
+            self._explored.clear()
+            self._explore_every.clear()
         self._plans[c] = current
         choice = current
+        every = self._explore_every.setdefault(c, EXPLORE_EVERY)
         if self._explore > 0:
             choice = 3 - current
-        elif self.batches - self._explored.setdefault(c, self.batches) >= EXPLORE_EVERY:
+        elif self.batches - self._explored.setdefault(c, self.batches) >= every:
             self._explored[c] = self.batches
+            self._explore_every[c] = min(EXPLORE_MAX, 2 * every)
             self._explore = EXPLORE_BATCHES
             choice = 3 - current
         return choice, (one if choice == 1 else two)
@@ -302,10 +334,9 @@ class Learner:
         if self.last_end is not None and now - self.last_end < 1.0:
             gap = max(0.0, now - self.last_end)
             if alone:
-                self.gap = gap if self.gap is None else self.gap + ALPHA * (gap - self.gap)
+                self._gaps.append(gap)
             elif decision.parallel == 2:
-                self.gap_shared = gap if self.gap_shared is None else \
-                    self.gap_shared + ALPHA * (gap - self.gap_shared)
+                self._gaps_shared.append(gap)
         if self._explore > 0:
             self._explore -= 1
         decision.time = now
@@ -336,6 +367,15 @@ class Learner:
             "line": self.cost.line(False), "line_overlapped": self.cost.line(True),
             "gap": self.gap, "gap_shared": self.gap_shared,
         }
+
+
+def _median(samples):
+    """The median of `samples` (None when empty)."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
 
 
 def _percentile(ordered, q):
