@@ -144,8 +144,14 @@ def test_trickling_clients_never_lock_out_rest(tiny_base):
         shed = [a for a in answers.values() if b"--rest_connection_limit=256" in a]
         late = [a for a in answers.values()
                 if b"--rest_header_timeout_seconds=%d" % HEADER_TIMEOUT in a]
-        assert all(a.startswith(b"HTTP/1.1 408 Request Timeout\r\n") for a in answers.values())
-        assert shed and len(shed) + len(late) == TRICKLERS, (len(shed), len(late))
+        # At the limit the server closes idle connections first, silently, as any idle
+        # keep-alive connection (http_server.make_room): a trickler whose first byte it
+        # had not read yet (a loaded machine) reads b"".
+        idle = [a for a in answers.values() if a == b""]
+        assert all(a == b"" or a.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+                   for a in answers.values()), sorted({a[:40] for a in answers.values()})
+        assert shed and len(shed) + len(late) + len(idle) == TRICKLERS, \
+            (len(shed), len(late), len(idle))
 
         dropped = wait_until(lambda: _answer(slow_body), timeout=30, interval=0.5,
                              message="the body trickler to be dropped")
