@@ -44,6 +44,7 @@ RETRAIN_LEARNING_RATE = 1e-3
 NEW_LABEL_REPEATS = 3
 SERVING_WEIGHT = 0.0
 DISTILL_WEIGHT = 0.0
+SOUP_SEEDS = 1
 CLASSES = [str(d) for d in range(10)]
 
 
@@ -272,6 +273,10 @@ def main(argv=None):
                         help="slimserve-retrain --distill_weight: weight of the serving "
                         "version's answers on the original training images (Learning "
                         "without Forgetting); 0: off.")
+    parser.add_argument("--soup_seeds", type=int, default=SOUP_SEEDS,
+                        help="slimserve-retrain --soup_seeds: fine-tunes (seeds) averaged "
+                        "into each retrained model (a model soup); the --retrain_seeds "
+                        "repeats use disjoint seeds.")
     parser.add_argument("--retrain_seeds", type=int, default=1,
                         help="Retrain on each label set with this many seeds (0, 1, ...; "
                         "the ones after the first with --nopublish) and report each "
@@ -281,6 +286,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.retrain_seeds < 1:
         parser.error("--retrain_seeds must be at least 1")
+    if args.soup_seeds < 1:
+        parser.error("--soup_seeds must be at least 1")
     demo.quiet_logging()
     from slimserve.serving import server as server_lib  # pylint: disable=import-outside-toplevel
     from slimserve.testing import digits_traffic  # pylint: disable=import-outside-toplevel
@@ -344,7 +351,8 @@ def main(argv=None):
                           "learning_rate": args.retrain_learning_rate,
                           "new_label_repeats": args.new_label_repeats,
                           "serving_weight": args.serving_weight,
-                          "distill_weight": args.distill_weight, "seeds": args.retrain_seeds}}
+                          "distill_weight": args.distill_weight, "seeds": args.retrain_seeds,
+                          "soup_seeds": args.soup_seeds}}
     try:
         send(server.port, [data for data, _ in plain + shift])
         server.flush_request_logs(timeout=60)
@@ -396,7 +404,8 @@ def main(argv=None):
                          "--learning_rate", args.retrain_learning_rate,
                          "--new_label_repeats", args.new_label_repeats,
                          "--serving_weight", args.serving_weight,
-                         "--distill_weight", args.distill_weight, *bar]
+                         "--distill_weight", args.distill_weight,
+                         "--soup_seeds", args.soup_seeds, *bar]
         codes = {}
         for key, extra in (("proposed", ["--promote"]), ("random", ["--nopublish"])):
             name = "retrain on the %s labels" % key
@@ -414,7 +423,8 @@ def main(argv=None):
                 folder = path("retrain_%s_seed%d" % (key, seed))
                 argv = demo.python("slimserve.cli.retrain", "--labels_dir",
                                    path("labels_" + key), "--model_dir", folder,
-                                   *retrain_flags, "--seed", seed, "--nopublish")
+                                   *retrain_flags, "--seed", seed * args.soup_seeds,
+                                   "--nopublish")
                 print("\n== retrain on the %s labels, seed %d\n$ %s" % (
                     key, seed, " ".join(argv)), flush=True)
                 subprocess.run(argv, cwd=ROOT, check=False)

@@ -269,8 +269,8 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
     """The ResNet export of the suite's training run, served from a config file: new
     labels of inverted digits, a short fine-tune warm-started from the export's variables
     (EMA weights) and held to the served answers on the original images
-    (--distill_weight), averaged with them (--serving_weight), the canary check and
-    --promote."""
+    (--distill_weight), two such fine-tunes averaged (--soup_seeds) and the soup averaged
+    with the served weights (--serving_weight), the canary check and --promote."""
     base = tmp_path / "models" / "resnet"
     shutil.copytree(export_dir, base / "1")
     config_file = tmp_path / "models.config"
@@ -281,9 +281,9 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         "slimserve.cli.retrain", "--labels_dir", tree, "--data_dir", digits_data,
         "--model_dir", tmp_path / "run", "--model_config_file", config_file,
         "--max_regression", 1.0, "--promote", "--noprogress", "--serving_weight", 0.5,
-        "--distill_weight", 1.0,
-        "--image_size", IMAGE_SIZE, "--max_steps", 30, "--batch_size", 32,
-        "--save_checkpoints_steps", 30, "--optimizer", "adam", "--learning_rate", 0.001,
+        "--distill_weight", 1.0, "--soup_seeds", 2, "--seed", 3,
+        "--image_size", IMAGE_SIZE, "--max_steps", 15, "--batch_size", 32,
+        "--save_checkpoints_steps", 15, "--optimizer", "adam", "--learning_rate", 0.001,
         "--opt_epsilon", 1e-8, "--min_crop_area", 0.85, "--norandom_flip",
         "--eval_central_fraction", 1.0, "--moving_average_decay", 0.99,
         "--export_min_metric", "none", "--exports_to_keep", 1, "--noverify_export")
@@ -303,17 +303,27 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
     taught = [bool(e.features.feature[schema.TEACHER].float_list.value)
               for e in splits.read_examples(merged, "train")]
     assert 0 < sum(taught) < len(taught)
-    # The candidate is the average, exported on its own (the run's exporters stay off).
+    # The candidate is the average, exported on its own (the runs' exporters stay off):
+    # two fine-tunes with seeds 3 and 4, each evaluated, then averaged with the served
+    # weights.
     assert report["serving_weight"] == 0.5
+    assert [(m["seed"], os.path.basename(m["model_dir"])) for m in report["soup"]] == [
+        (3, "seed3"), (4, "seed4")]
+    assert [m["eval"]["global_step"] for m in report["soup"]] == [15, 15], report["soup"]
     assert os.path.dirname(report["candidate"]) == str(tmp_path / "run" / "export" / "averaged")
-    assert not (tmp_path / "run" / "export" / "final").exists()
+    assert not list((tmp_path / "run").glob("**/export/final"))
     averaged = tf.train.load_checkpoint(str(tmp_path / "run" / "retrain" / "averaged" /
-                                            "model.ckpt-30"))
-    tuned = tf.train.load_checkpoint(str(tmp_path / "run" / "model.ckpt-30"))
+                                            "model.ckpt-15"))
+    tuned = [tf.train.load_checkpoint(str(tmp_path / "run" / "soup" / seed / "model.ckpt-15"))
+             for seed in ("seed3", "seed4")]
     served = tf.train.load_checkpoint(str(base / "1" / "variables" / "variables"))
     name = "resnet_v1_50/logits/biases/ExponentialMovingAverage"  # what the export reads
-    np.testing.assert_allclose(averaged.get_tensor(name), 0.5 * tuned.get_tensor(name) +
-                               0.5 * served.get_tensor(name), rtol=1e-6, atol=1e-7)
+    # the seeds made different runs, and the candidate is neither of them
+    assert not np.allclose(tuned[0].get_tensor(name), tuned[1].get_tensor(name))
+    np.testing.assert_allclose(
+        averaged.get_tensor(name), 0.25 * tuned[0].get_tensor(name) +
+        0.25 * tuned[1].get_tensor(name) + 0.5 * served.get_tensor(name),
+        rtol=1e-5, atol=1e-6)
     published = report["published"]["version"]
     entry = model_config.model_entry(files.read_model_server_config(str(config_file)), None,
                                      "config")

@@ -1,5 +1,8 @@
-"""Averaging a fine-tuned checkpoint with the serving version's weights (slimserve-retrain
---serving_weight): real TensorFlow checkpoints written by a Saver, read back by name."""
+"""Averaging fine-tuned checkpoints with each other (slimserve-retrain --soup_seeds) and
+with the serving version's weights (--serving_weight): real TensorFlow checkpoints written
+by a Saver, read back by name."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -93,3 +96,52 @@ def test_an_unreadable_checkpoint_is_named(checkpoints, tmp_path):
     with pytest.raises(errors.UserError, match="serving checkpoint %s" % missing):
         weight_averaging.average_checkpoints(tuned, missing, 0.5, str(output))
     assert not output.parent.exists()
+
+
+def test_a_soup_is_the_mean_of_the_runs_then_mixed_with_the_start(checkpoints, tmp_path):
+    """--soup_seeds: the runs' floats averaged first (EMA shadows and BatchNorm statistics
+    too), then mixed with the serving weights; the step and integers are the first run's."""
+    tuned, start, output = checkpoints
+    other = _write(tmp_path / "tuned2" / "model.ckpt-9", {
+        "net/weights": np.full((2, 3), 8.0, np.float32),
+        "net/weights/ExponentialMovingAverage": np.full((2, 3), 2.0, np.float32),
+        "net/weights/Adam": np.full((2, 3), 3.0, np.float32),
+        "net/BatchNorm/moving_mean": np.array([20.0, 40.0], np.float32),
+        "net/logits/biases": np.ones(5, np.float32),
+        "global_step": np.int64(9)})
+    prefix, count = weight_averaging.average_checkpoints([tuned, other], start, 0.5,
+                                                         str(output))
+    reader = tf.train.load_checkpoint(prefix)
+    np.testing.assert_allclose(reader.get_tensor("net/weights"), np.full((2, 3), 3.0))
+    np.testing.assert_allclose(reader.get_tensor("net/weights/ExponentialMovingAverage"),
+                               np.full((2, 3), 2.0))
+    np.testing.assert_allclose(reader.get_tensor("net/BatchNorm/moving_mean"), [7.5, 15.0])
+    # floats the start lacks (or holds in another shape) are the runs' mean alone
+    np.testing.assert_allclose(reader.get_tensor("net/weights/Adam"), np.full((2, 3), 2.0))
+    np.testing.assert_allclose(reader.get_tensor("net/logits/biases"), np.full(5, 0.5))
+    assert reader.get_tensor("global_step") == 7
+    assert count == 3
+    # without the start's share it is the plain mean of the runs
+    plain, _ = weight_averaging.average_checkpoints([tuned, other], start, 0.0,
+                                                    str(tmp_path / "plain" / "model.ckpt-7"))
+    np.testing.assert_allclose(tf.train.load_checkpoint(plain).get_tensor("net/weights"),
+                               np.full((2, 3), 6.0))
+
+
+def test_runs_of_different_networks_are_refused_by_name(checkpoints, tmp_path):
+    tuned, start, output = checkpoints
+    lacking = _write(tmp_path / "other" / "model.ckpt-7", {
+        "net/weights": np.zeros((2, 3), np.float32), "global_step": np.int64(7)})
+    with pytest.raises(errors.UserError, match="net/BatchNorm/moving_mean is \\(2,\\) in "
+                       ".* and missing in %s" % lacking):
+        weight_averaging.average_checkpoints([tuned, lacking], start, 0.0, str(output))
+    other_shape = _write(tmp_path / "third" / "model.ckpt-7", {
+        "net/BatchNorm/moving_mean": np.zeros(2, np.float32),
+        "net/logits/biases": np.zeros(5, np.float32),
+        "net/weights": np.zeros((3, 3), np.float32)})
+    with pytest.raises(errors.UserError, match=r"net/weights is \(2, 3\) in .* and \(3, 3\)"):
+        weight_averaging.average_checkpoints([tuned, other_shape], start, 0.0, str(output))
+    assert not os.path.exists(str(output) + ".index")  # nothing written
+    with pytest.raises(errors.UserError, match="cannot read the fine-tuned checkpoint"):
+        weight_averaging.average_checkpoints([tuned, str(tmp_path / "missing")], start, 0.0,
+                                             str(output))

@@ -16,9 +16,12 @@ The flywheel's last arrow, each step an existing piece called once:
    is held to (Learning without Forgetting: the old images keep their old answers);
 3. fine-tune from the serving version (training.run: its variables/variables are a
    checkpoint with slim's names, the head kept) and export (export/exporters.py: the
-   Final and Best exporters, each export with its reference); with --serving_weight,
-   the fine-tuned checkpoint is first averaged with the serving version's weights
-   (estimator/weight_averaging.py) and that average is exported instead;
+   Final and Best exporters, each export with its reference); with --soup_seeds N > 1,
+   N fine-tunes that differ only in their seed (--seed, --seed + 1, ...; each under
+   <model_dir>/soup/) are averaged into one (a model soup: it varies less from seed to
+   seed than one run, so the check's fixed margin judges the labels, not the seed); with
+   --serving_weight, the fine-tuned weights are also averaged with the serving
+   version's (estimator/weight_averaging.py); an average is exported after the runs;
 4. the canary check (serving/tools/compare.py) of the new export against the serving
    version: on the logged traffic (--logs: refusals), on the labelled hold-out and on the
    original validation split (accuracy);
@@ -81,6 +84,11 @@ class RetrainConfig:
         "before the check (WiSE-FT: keeps more of the original task at some cost on the "
         "new one); 0: the fine-tuned weights as they are.",
         fields.Bound(0.0, 1.0, upper_open=True))
+    soup_seeds: int = fields.option(
+        1, "Fine-tunes averaged into the candidate (a model soup): each from the serving "
+        "version on the same data, seeds --seed, --seed + 1, ...; their weights and "
+        "BatchNorm statistics averaged. N costs N fine-tunes; the average varies less "
+        "from seed to seed than one run.", fields.Bound(1, 16))
     min_gain: float = fields.option(
         0.0, "The candidate's accuracy on the held-out new labels must exceed the serving "
         "version's by more than this.", fields.Bound(0.0, 1.0, upper_open=True))
@@ -178,25 +186,51 @@ def _train_config(config, serving, merged):
         model=dataclasses.replace(train.model, checkpoint_path=checkpoint,
                                   checkpoint_exclude_scopes=()),
         run=dataclasses.replace(train.run, mode="train_and_eval"),
-        export=dataclasses.replace(train.export, export=not config.serving_weight,
+        export=dataclasses.replace(train.export, export=not _averages(config),
                                    warmup_from=train.export.warmup_from or config.logs))
 
 
-def _export_average(config, serving, model_dir, work):
-    """--serving_weight: the run's last checkpoint averaged with the serving version's
-    weights, exported (the average was never evaluated: the check judges it)."""
+def _averages(config):
+    """Whether the candidate is an average made after the run(s), not the run's export."""
+    return bool(config.serving_weight) or config.soup_seeds > 1
+
+
+def _fine_tune(config, serving, merged):
+    """The fine-tune(s): one run in --model_dir, or with --soup_seeds N, N runs under
+    <model_dir>/soup/ with seeds --seed, --seed + 1, ... -> [(model_dir, TrainResult)]."""
+    from slimserve.estimator import training  # pylint: disable=import-outside-toplevel
+    from slimserve.export import exporters  # pylint: disable=import-outside-toplevel
+    train = _train_config(config, serving, merged)
+    if config.soup_seeds == 1:
+        return [(train.run.model_dir, training.run(train, exporters.for_training))]
+    runs = []
+    for member in range(config.soup_seeds):
+        seed = train.run.seed + member
+        model_dir = os.path.join(train.run.model_dir, "soup", "seed%d" % seed)
+        logging.info("soup: fine-tune %d of %d (--seed %d) in %s", member + 1,
+                     config.soup_seeds, seed, model_dir)
+        member_config = dataclasses.replace(
+            train, run=dataclasses.replace(train.run, model_dir=model_dir, seed=seed))
+        runs.append((model_dir, training.run(member_config, exporters.for_training)))
+    return runs
+
+
+def _export_average(config, serving, run_dirs, model_dir, work):
+    """--soup_seeds / --serving_weight: the runs' last checkpoints averaged (with the serving
+    version's weights), exported under <model_dir>/export/averaged (the average was never
+    evaluated: the check judges it)."""
     from slimserve.estimator import weight_averaging  # pylint: disable=import-outside-toplevel
     from slimserve.export import run_export  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    tuned = tf.train.latest_checkpoint(model_dir)
-    if tuned is None:
+    tuned = [tf.train.latest_checkpoint(run_dir) for run_dir in run_dirs]
+    if None in tuned:
         return None
     averaged, _ = weight_averaging.average_checkpoints(
         tuned, os.path.join(serving.version_dir, "variables", "variables"),
-        config.serving_weight, os.path.join(work, "averaged", os.path.basename(tuned)))
+        config.serving_weight, os.path.join(work, "averaged", os.path.basename(tuned[0])))
     export = config.train.export
     return run_export.export_run(run_export.ExportConfig(
-        model_dir=model_dir, checkpoint_path=averaged,
+        model_dir=run_dirs[0], checkpoint_path=averaged,
         export_base=os.path.join(model_dir, "export", "averaged"), verify=export.verify_export,
         warmup_from=export.warmup_from or config.logs, export_min_metric="none")).path
 
@@ -297,8 +331,6 @@ def main(config, args):
         raise errors.UserError("unexpected arguments: %s" % " ".join(args))
     from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import merge  # pylint: disable=import-outside-toplevel
-    from slimserve.estimator import training  # pylint: disable=import-outside-toplevel
-    from slimserve.export import exporters  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import outputs  # pylint: disable=import-outside-toplevel
     if config.publish and not config.model_config_file:
         raise errors.UserError("--model_config_file is needed to publish under the canary "
@@ -330,10 +362,12 @@ def main(config, args):
                  info["splits"]["validation"]["count"],
                  merged_info["splits"]["train"]["count"],
                  merged_info["splits"]["validation"]["count"])
-    result = training.run(_train_config(config, serving, merged), exporters.for_training)
-    if config.serving_weight:
+    runs = _fine_tune(config, serving, merged)
+    result = runs[0][1]
+    if _averages(config):
         with errors.writing(work, "--model_dir"):
-            candidate = _export_average(config, serving, model_dir, work)
+            candidate = _export_average(config, serving, [d for d, _ in runs], model_dir,
+                                        work)
     else:
         candidate = _candidate(result, model_dir)
     report = {"serving": {"model": serving.name, "version": serving.version,
@@ -341,6 +375,9 @@ def main(config, args):
               "new_labels": {"train": info["splits"]["train"]["count"],
                              "holdout": info["splits"]["validation"]["count"]},
               "eval": {k: float(v) for k, v in (result.eval_result or {}).items()},
+              "soup": [{"model_dir": d, "seed": config.train.run.seed + i,
+                        "eval": {k: float(v) for k, v in (r.eval_result or {}).items()}}
+                       for i, (d, r) in enumerate(runs)] if config.soup_seeds > 1 else None,
               "candidate": candidate, "serving_weight": config.serving_weight,
               "distill_weight": config.train.model.distill_weight}
     if candidate is None:
