@@ -5,9 +5,11 @@
     average_checkpoints([run_0, run_1, run_2], start, start_weight=0.0, output_prefix=...)
 
 Fine-tunes of one start on the same data that differ only in their seed (the order of the
-examples, the crops) land in one basin; their average varies less from seed to seed than
-any one of them, which is what a check against a fixed margin on a few hundred images
-needs (--soup_seeds). The soup is the mean of every float variable the runs share, then
+examples, the crops), when they land in one basin, average into one network that varies
+less from seed to seed than any of them, which is what a check against a fixed margin on
+a few hundred images needs (--soup_seeds). Whether they do depends on the fine-tune: the
+flywheel demo's (150 Adam steps at 1e-3) do not, and its soup is worse than one run
+(docs/benchmarks.md). The soup is the mean of every float variable the runs share, then
 mixed with the start as below.
 
 A fine-tune on a few hundred new images moves every weight towards the new data and

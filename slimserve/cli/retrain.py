@@ -18,8 +18,9 @@ The flywheel's last arrow, each step an existing piece called once:
    checkpoint with slim's names, the head kept) and export (export/exporters.py: the
    Final and Best exporters, each export with its reference); with --soup_seeds N > 1,
    N fine-tunes that differ only in their seed (--seed, --seed + 1, ...; each under
-   <model_dir>/soup/) are averaged into one (a model soup: it varies less from seed to
-   seed than one run, so the check's fixed margin judges the labels, not the seed); with
+   <model_dir>/soup/) are averaged into one (a model soup: when the runs stay in one
+   basin it varies less from seed to seed than one run; measured on the flywheel demo it
+   did worse, so it is off by default); with
    --serving_weight, the fine-tuned weights are also averaged with the serving
    version's (estimator/weight_averaging.py); an average is exported after the runs;
 4. the canary check (serving/tools/compare.py) of the new export against the serving
@@ -87,8 +88,9 @@ class RetrainConfig:
     soup_seeds: int = fields.option(
         1, "Fine-tunes averaged into the candidate (a model soup): each from the serving "
         "version on the same data, seeds --seed, --seed + 1, ...; their weights and "
-        "BatchNorm statistics averaged. N costs N fine-tunes; the average varies less "
-        "from seed to seed than one run.", fields.Bound(1, 16))
+        "BatchNorm statistics averaged. N costs N fine-tunes; it helps only when the runs "
+        "stay close enough to average (the flywheel demo's do not: docs/benchmarks.md).",
+        fields.Bound(1, 16))
     min_gain: float = fields.option(
         0.0, "The candidate's accuracy on the held-out new labels must exceed the serving "
         "version's by more than this.", fields.Bound(0.0, 1.0, upper_open=True))
