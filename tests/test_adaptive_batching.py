@@ -321,49 +321,6 @@ def test_the_plan_not_in_use_is_measured_less_often_while_the_plan_in_use_stays_
     assert every - adaptive.EXPLORE_BATCHES <= again[0] <= every and again[adaptive.EXPLORE_BATCHES] > 2 * every
 
 
-def _batches(learner, count, observe=None):
-    """`count` batches of whatever plan() chooses; observe(learner, parallel) after each."""
-    chosen = []
-    for _ in range(count):
-        parallel, _ = learner.plan(32, 32, 2, cap=0.5)
-        chosen.append(parallel)
-        if observe:
-            observe(learner, parallel)
-        learner.batches += 1
-        learner._explore = max(0, learner._explore - 1)
-    return chosen
-
-
-def _two_runs_take(seconds):
-    def observe(learner, parallel):
-        if parallel == 2:
-            learner.cost.observe(16, seconds, overlapped=True)
-    return observe
-
-
-def test_one_lucky_measurement_of_the_other_plan_does_not_change_the_plan():
-    """At 32x32 with 32 clients one full run (55 ms) and two taking turns (61.5 ms) are
-    within 10% of each other: a re-measurement that catches fast runs of 16 (the other
-    work on the machine paused) must not switch to 2 x 16, since each switch splits the
-    clients into new cohorts. The other plan is measured again at once; only a second
-    win changes the plan."""
-    learner = _learner_timed_like_32x32_over_grpc(0.006)
-    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
-    for _ in range(4):  # a lucky re-measurement: runs of 16 at 30 ms
-        learner.cost.observe(16, 0.030, overlapped=True)
-    chosen = _batches(learner, 40, _two_runs_take(0.0615))  # ... then as fast as ever
-    # measured again at once (EXPLORE_BATCHES runs of two), and the plan stays
-    assert chosen[:adaptive.EXPLORE_BATCHES] == [2] * adaptive.EXPLORE_BATCHES
-    assert set(chosen[adaptive.EXPLORE_BATCHES:]) == {1}
-    assert learner._plans[32] == 1
-    # When two runs really became faster, the second measurement confirms it.
-    for _ in range(4):
-        learner.cost.observe(16, 0.030, overlapped=True)
-    chosen = _batches(learner, 40, _two_runs_take(0.030))
-    assert chosen[:adaptive.EXPLORE_BATCHES] == [2] * adaptive.EXPLORE_BATCHES
-    assert learner._plans[32] == 2 and set(chosen[adaptive.EXPLORE_BATCHES:]) == {2}
-
-
 def test_a_full_queue_is_unavailable(tmp_path):
     base = str(tmp_path / "spin")
     tiny_models.write_spin_model(base)

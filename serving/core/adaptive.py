@@ -24,10 +24,7 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   the cost model says serves more rows per second (c/(T1(c)+gap) against
   c/(T2(c/2)+gap2), where gap is the clients' turnaround between runs made one at a time
   and gap2 the time a run's slot stands idle while the other runs: its own half of the
-  clients turning around); it changes plans only when the other one looks SWITCH_MARGIN
-  faster twice in a row, the second time after a few runs of it measured at once (one
-  lucky run must not split the clients into new cohorts); the plan it does not use is
-  measured again after
+  clients turning around); the plan it does not use is measured again after
   EXPLORE_EVERY batches, then after twice as many each time the plan in use stays the
   better one (up to EXPLORE_MAX; back to EXPLORE_EVERY when the plan changes): each
   re-measurement costs a few slower batches and the batches that merge the clients into
@@ -243,7 +240,6 @@ class Learner:
         self._explore = 0  # batches left to run with the plan not in use
         self._explored = {}  # concurrency -> batches run at its last re-measurement
         self._explore_every = {}  # concurrency -> batches until its next re-measurement
-        self._confirming = set()  # concurrencies whose other plan won once: measured again
         # The idle time between runs made one at a time (the clients' turnaround), and
         # from the latest end to a run that starts while another runs (gap2): medians of
         # the recent samples, so one stalled client or a scheduler hiccup does not flip
@@ -272,9 +268,8 @@ class Learner:
         one run of c rows, or two of c/2 taking turns, whichever the cost model says
         serves more rows per second (measured points, else its lines once they stand on
         two sizes; until then the plan is tried), keeping the plan in use unless the other looks
-        SWITCH_MARGIN faster twice in a row: once, then again after EXPLORE_BATCHES runs
-        of it measured at once to confirm; and running the other for EXPLORE_BATCHES
-        batches now and then to measure it again (after EXPLORE_EVERY batches, then twice as many each time
+        SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches now and
+        then to measure it again (after EXPLORE_EVERY batches, then twice as many each time
         the plan in use stayed, up to EXPLORE_MAX). One run at a time only while it lasts
         less than `cap` (the bound): rows that arrive during it wait for it to end."""
         c = max(1, concurrency)
@@ -294,39 +289,19 @@ class Learner:
                 2: 2 * two / max(1e-9, shared + (self.gap_shared or 0.0))}
         best = max(rate, key=rate.get)
         current = self._plans.get(c)
-        wins = current is not None and best != current and \
-            rate[best] > SWITCH_MARGIN * rate[current]
-        confirm = False
-        if current is None:
+        if current is None or (best != current and rate[best] > SWITCH_MARGIN * rate[current]):
+            if current is not None:  # the plan changed: re-measure the other one soon
+                self._explore_every[c] = EXPLORE_EVERY
+                self._explored[c] = self.batches
             current = best
-        elif self._explore == 0 and wins and c in self._confirming:
-            # It won again after being measured afresh: the plan changes, and the other
-            # one is re-measured soon.
-            self._confirming.discard(c)
-            self._explore_every[c] = EXPLORE_EVERY
-            self._explored[c] = self.batches
-            current = best
-        elif self._explore == 0 and wins:
-            # One lucky (or unlucky) measurement must not split the clients into new
-            # cohorts: measure the other plan again at once, and change only if it wins
-            # again.
-            self._confirming.add(c)
-            confirm = True
-        elif self._explore == 0:
-            self._confirming.discard(c)
         if len(self._plans) >= 4 * EXACT_SIZES:
             self._plans.clear()
             self._explored.clear()
             self._explore_every.clear()
-            self._confirming.clear()
         self._plans[c] = current
         choice = current
         every = self._explore_every.setdefault(c, EXPLORE_EVERY)
-        if confirm:
-            self._explored.setdefault(c, self.batches)
-            self._explore = EXPLORE_BATCHES
-            choice = 3 - current
-        elif self._explore > 0:
+        if self._explore > 0:
             choice = 3 - current
         elif self.batches - self._explored.setdefault(c, self.batches) >= every:
             self._explored[c] = self.batches
