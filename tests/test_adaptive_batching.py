@@ -287,6 +287,7 @@ def _explorations(learner, batches):
         if learner.plan(32, 32, 2, cap=0.5)[0] != learner._plans[32]:
             runs.append(index)
         learner.batches += 1
+        learner._batches_at[32] += 1
         learner._explore = max(0, learner._explore - 1)
     return runs
 
@@ -319,6 +320,30 @@ def test_the_plan_not_in_use_is_measured_less_often_while_the_plan_in_use_stays_
     assert learner.plan(32, 32, 2, cap=0.5) == (2, 16)
     again = _explorations(learner, 4 * every)
     assert every - adaptive.EXPLORE_BATCHES <= again[0] <= every and again[adaptive.EXPLORE_BATCHES] > 2 * every
+
+
+def test_batches_at_another_concurrency_do_not_bring_a_re_measurement_forward():
+    """When the load alternates between 1 and 32 clients, the 32-client plan is
+    re-measured after EXPLORE_EVERY batches at 32 clients, however many 1-client batches
+    ran in between (counting those re-measured it nearly every time 32 clients came
+    back, and each re-measurement splits the clients into cohorts)."""
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    learner.plan(32, 32, 2, cap=0.5)
+    lone, full = adaptive.Decision("target", 1), adaptive.Decision("target", 32)
+    lone.parallel, full.parallel, lone.concurrency, full.concurrency = 1, 1, 1, 32
+    at_32, first, before = 0, None, learner.batches
+    for _ in range(12):  # alternating rows: 100 lone batches, then 20 batches of 32 clients
+        for _ in range(100):
+            learner.started(lone, 0.0, alone=True)
+        for _ in range(20):
+            parallel, _ = learner.plan(32, 32, 2, cap=0.5)
+            if parallel == 2 and first is None:
+                first = at_32
+            full.parallel = parallel
+            learner.started(full, 0.0, alone=True)
+            at_32 += 1
+    assert learner.batches - before == 12 * 120
+    assert first == adaptive.EXPLORE_EVERY  # not after ~128 batches of any concurrency
 
 
 def test_a_full_queue_is_unavailable(tmp_path):

@@ -25,7 +25,7 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   c/(T2(c/2)+gap2), where gap is the clients' turnaround between runs made one at a time
   and gap2 the time a run's slot stands idle while the other runs: its own half of the
   clients turning around); the plan it does not use is measured again after
-  EXPLORE_EVERY batches, then after twice as many each time the plan in use stays the
+  EXPLORE_EVERY batches run at that concurrency, then after twice as many each time the plan in use stays the
   better one (up to EXPLORE_MAX; back to EXPLORE_EVERY when the plan changes): each
   re-measurement costs a few slower batches and the batches that merge the clients into
   one cohort again;
@@ -240,6 +240,10 @@ class Learner:
         self._explore = 0  # batches left to run with the plan not in use
         self._explored = {}  # concurrency -> batches run at its last re-measurement
         self._explore_every = {}  # concurrency -> batches until its next re-measurement
+        # Batches run per concurrency: the re-measurement intervals count only the batches
+        # run at theirs (when the load alternates between 1 and 32 clients, the 1-client
+        # batches must not bring the 32-client plan's re-measurement forward).
+        self._batches_at = collections.Counter()
         # The idle time between runs made one at a time (the clients' turnaround), and
         # from the latest end to a run that starts while another runs (gap2): medians of
         # the recent samples, so one stalled client or a scheduler hiccup does not flip
@@ -269,8 +273,8 @@ class Learner:
         serves more rows per second (measured points, else its lines once they stand on
         two sizes; until then the plan is tried), keeping the plan in use unless the other looks
         SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches now and
-        then to measure it again (after EXPLORE_EVERY batches, then twice as many each time
-        the plan in use stayed, up to EXPLORE_MAX). One run at a time only while it lasts
+        then to measure it again (after EXPLORE_EVERY batches at this concurrency, then
+        twice as many each time the plan in use stayed, up to EXPLORE_MAX). One run at a time only while it lasts
         less than `cap` (the bound): rows that arrive during it wait for it to end."""
         c = max(1, concurrency)
         one, two = min(c, limit), min(-(-c // 2), limit)
@@ -292,19 +296,20 @@ class Learner:
         if current is None or (best != current and rate[best] > SWITCH_MARGIN * rate[current]):
             if current is not None:  # the plan changed: re-measure the other one soon
                 self._explore_every[c] = EXPLORE_EVERY
-                self._explored[c] = self.batches
+                self._explored[c] = self._batches_at[c]
             current = best
         if len(self._plans) >= 4 * EXACT_SIZES:
             self._plans.clear()
             self._explored.clear()
             self._explore_every.clear()
+            self._batches_at.clear()
         self._plans[c] = current
         choice = current
         every = self._explore_every.setdefault(c, EXPLORE_EVERY)
         if self._explore > 0:
             choice = 3 - current
-        elif self.batches - self._explored.setdefault(c, self.batches) >= every:
-            self._explored[c] = self.batches
+        elif self._batches_at[c] - self._explored.setdefault(c, self._batches_at[c]) >= every:
+            self._explored[c] = self._batches_at[c]
             self._explore_every[c] = min(EXPLORE_MAX, 2 * every)
             self._explore = EXPLORE_BATCHES
             choice = 3 - current
@@ -342,6 +347,7 @@ class Learner:
         decision.time = now
         self.records.append(decision)
         self.batches += 1
+        self._batches_at[max(1, decision.concurrency or 1)] += 1
         self.rows += decision.rows
         self.batch_sizes[decision.padded] += 1
 
