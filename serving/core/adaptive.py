@@ -25,8 +25,9 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   c/(T2(c/2)+gap2), where gap is the clients' turnaround between runs made one at a time
   and gap2 the time a run's slot stands idle while the other runs: its own half of the
   clients turning around); the plan it does not use is measured again after
-  EXPLORE_EVERY batches run at that concurrency, then after twice as many each time the plan in use stays the
-  better one (up to EXPLORE_MAX; back to EXPLORE_EVERY when the plan changes): each
+  EXPLORE_EVERY batches run at that concurrency, then after twice as many each time the
+  plan in use stays the better one (up to EXPLORE_MAX; back to EXPLORE_EVERY when the
+  plan changes): each
   re-measurement costs a few slower batches and the batches that merge the clients into
   one cohort again;
 - it runs at once when the queue holds the planned batch, or when every request in the
@@ -274,8 +275,9 @@ class Learner:
         two sizes; until then the plan is tried), keeping the plan in use unless the other looks
         SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches now and
         then to measure it again (after EXPLORE_EVERY batches at this concurrency, then
-        twice as many each time the plan in use stayed, up to EXPLORE_MAX). One run at a time only while it lasts
-        less than `cap` (the bound): rows that arrive during it wait for it to end."""
+        twice as many each time the plan in use stayed, up to EXPLORE_MAX). One run at a
+        time only while it lasts less than `cap` (the bound): rows that arrive during it
+        wait for it to end."""
         c = max(1, concurrency)
         one, two = min(c, limit), min(-(-c // 2), limit)
         if min(MAX_PARALLEL, threads) < 2 or c < 2:

@@ -20,9 +20,9 @@ The flywheel's last arrow, each step an existing piece called once:
    N fine-tunes that differ only in their seed (--seed, --seed + 1, ...; each under
    <model_dir>/soup/) are averaged into one (a model soup: when the runs stay in one
    basin it varies less from seed to seed than one run; measured on the flywheel demo it
-   did worse, so it is off by default); with
-   --serving_weight, the fine-tuned weights are also averaged with the serving
-   version's (estimator/weight_averaging.py); an average is exported after the runs;
+   did worse, so it is off by default); with --serving_weight, the fine-tuned weights
+   are also averaged with the serving version's (estimator/weight_averaging.py); an
+   average is exported after the runs;
 4. the canary check (serving/tools/compare.py) of the new export against the serving
    version: on the logged traffic (--logs: refusals), on the labelled hold-out and on the
    original validation split (accuracy);
