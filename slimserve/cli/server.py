@@ -34,6 +34,7 @@ from slimserve.serving.core import errors
 
 TF_SERVING_VERSION = "2.15.1"
 GRACE_SECONDS = 5.0  # for the requests in flight on SIGTERM / SIGINT
+SIGNAL_POLL_SECONDS = 1.0  # at most this long between a signal and its handler
 STOP_DEADLINE_SECONDS = 25.0  # from the signal to the process's end, whatever blocks
 
 
@@ -91,7 +92,13 @@ def main(config, args):
         server.stop()
         raise user_errors.UserError(error.message) from None
     print(server_lib.ready_line(server), flush=True)
-    stopping.wait()
+    # Woken every second, not blocked until set: a process-directed SIGTERM may be
+    # delivered to one of gRPC's or TensorFlow's threads, and Python runs its handler in the
+    # main thread only once that thread next executes bytecode; a main thread blocked in a
+    # lock wait with no timeout is never interrupted by it (a clean-clone CI run saw a
+    # server that had not logged the signal 60 s after SIGTERM).
+    while not stopping.wait(SIGNAL_POLL_SECONDS):
+        pass
     # A shutdown that never ends (a thread that does not return, a library's exit hook) must
     # not keep a pod or a test waiting on it: past this deadline every thread's stack goes
     # to stderr and the process exits with status 1 (faulthandler's watchdog is a C thread:
