@@ -93,7 +93,9 @@ class RetrainConfig:
         fields.Bound(1, 16))
     min_gain: float = fields.option(
         0.0, "The candidate's accuracy on the held-out new labels must exceed the serving "
-        "version's by more than this.", fields.Bound(0.0, 1.0, upper_open=True))
+        "version's by more than this; a negative value tolerates that much loss (e.g. "
+        "-1 when only the original validation split should decide).",
+        fields.Bound(-1.0, 1.0, upper_open=True))
     max_regression: float = fields.option(
         0.01, "Accuracy on the original validation split the candidate may lose at most "
         "(0.01: one point).", fields.PROBABILITY)
