@@ -263,6 +263,33 @@ def test_two_runs_whose_slots_wait_for_their_clients_lose_to_one_full_run():
     assert _learner_timed_like_32x32_over_grpc(0.0).plan(32, 32, 2, cap=0.5) == (2, 16)
 
 
+def test_lone_requests_alone_do_not_make_a_full_run_look_longer_than_the_bound():
+    """After 1-client load the cost alone stands on one size: a line through the origin
+    would put a run of 32 at 32 x 18.6 ms, past the 0.5-s bound, and keep two runs of 16
+    forever without ever measuring one run of 32 (seen at 32x32 in-process: a run of 32
+    took 55 ms). The bound is judged by the measured run, else by two runs of 16 sharing
+    the cores; one run of 32 is then tried, and only a model where two runs of 16 already
+    outlast the bound is kept to them."""
+    learner = adaptive.Learner()
+    for _ in range(8):
+        learner.cost.observe(1, 0.0186, overlapped=False)
+        learner.cost.observe(16, 0.092, overlapped=True)
+    assert learner.cost.estimate(32, False) > 0.5  # what the line alone says
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    slow = adaptive.Learner()  # like 224: two runs of 16 take 1.1 s each
+    for _ in range(8):
+        slow.cost.observe(1, 0.06, overlapped=False)
+        slow.cost.observe(16, 1.1, overlapped=True)
+    assert slow.plan(32, 32, 2, cap=0.5) == (2, 16)
+    # Measured alone: the measurement decides, whatever the runs of 16 cost.
+    for _ in range(3):
+        slow.cost.observe(32, 0.4, overlapped=False)
+    assert slow.plan(32, 32, 2, cap=0.5) == (1, 32)
+    for _ in range(3):
+        learner.cost.observe(32, 0.6, overlapped=False)
+    assert learner.plan(32, 32, 2, cap=0.5) == (2, 16)
+
+
 def test_one_stalled_client_does_not_flip_the_plan():
     """The turnaround is the median of the recent idle times between runs: one client
     that stalls for 200 ms (a pause, a slow network) leaves one full run of 32 in use,

@@ -282,13 +282,20 @@ class Learner:
         one, two = min(c, limit), min(-(-c // 2), limit)
         if min(MAX_PARALLEL, threads) < 2 or c < 2:
             return 1, one
-        alone = self.cost.estimate(one, False)
-        if alone is not None and alone > cap:
-            return 2, two
         if not self.cost.known(two, True):  # try two runs (again) to know their cost
+            return 2, two
+        # A run of c alone that would outlast the bound is never planned. Until it has
+        # been measured, its cost is guessed from two runs of c/2 sharing the cores
+        # (about the same work), not from the line: from lone requests only, the line
+        # runs through the origin and says c times one row's cost, at 32x32 ten times
+        # too long (a run of 32 rows costs about what a run of one does), and a run of
+        # c would never be tried.
+        measured = self.cost.measured(one, False)
+        if (measured if measured is not None else self.cost.estimate(two, True)) > cap:
             return 2, two
         if not self.cost.known(one, False):
             return 1, one
+        alone = self.cost.estimate(one, False)
         shared = self.cost.estimate(two, True)
         gap = (self.gap or 0.0) if one >= c else 0.0  # all c at once: clients turn around
         rate = {1: one / max(1e-9, alone + gap),
