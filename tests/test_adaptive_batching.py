@@ -290,6 +290,23 @@ def test_lone_requests_alone_do_not_make_a_full_run_look_longer_than_the_bound()
     assert learner.plan(32, 32, 2, cap=0.5) == (2, 16)
 
 
+def test_one_stalled_run_does_not_flip_the_plan_and_a_lasting_change_does():
+    """A run's cost is the median of its size's recent runs: one run of 32 stalled to three
+    times its cost (a pause, another process) leaves one run of 32 in use, where a
+    0.25-weight moving average would have put T(32) at 82 ms and switched to two runs of
+    16 until the next re-measurement (seen at 32x32 in-process: 38-48 batches of 16 in a
+    5-s row). A cost that stays changed is followed within a few runs."""
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    learner.cost.observe(32, 3 * 0.055, overlapped=False)
+    assert learner.cost.measured(32) == pytest.approx(0.055)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    for _ in range(adaptive.COST_SAMPLES // 2 + 1):
+        learner.cost.observe(32, 0.110, overlapped=False)
+    assert learner.cost.measured(32) == pytest.approx(0.110)
+    assert learner.plan(32, 32, 2, cap=0.5) == (2, 16)
+
+
 def test_one_stalled_client_does_not_flip_the_plan():
     """The turnaround is the median of the recent idle times between runs: one client
     that stalls for 200 ms (a pause, a slow network) leaves one full run of 32 in use,

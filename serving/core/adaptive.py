@@ -7,7 +7,8 @@ timeout of 0 and one batch thread, 8 closed-loop clients split into small altern
 batches; with a long timeout, fewer clients than the batch size wait it out every time.
 The adaptive policy needs no such settings. It learns, from the runs it makes:
 
-- the cost T(b) of a run of b rows (`CostModel`): a moving average per batch size, kept
+- the cost T(b) of a run of b rows (`CostModel`): the median of its recent runs per batch
+  size (one run slowed by a stall does not move it), kept
   apart for runs made alone and runs made while another run was in progress (two runs
   share the cores), with a least-squares line a + s*b over the measured sizes for sizes
   not run yet. Decisions use the measured points, so a cost that is not monotonic in b
@@ -48,8 +49,8 @@ import math
 # Sizes up to this are learned one by one; above it by powers of two (the line covers
 # the sizes in between).
 EXACT_SIZES = 64
-ALPHA = 0.25  # weight of a new run in a size's moving average
-OUTLIER = 3.0  # a run counts as at most this many times the average of its size
+ALPHA = 0.25  # weight of a new run in a size's moving average of rows (sizes > EXACT_SIZES)
+COST_SAMPLES = 9  # recent runs per size whose median is its cost
 PEAK_EPOCHS = 4  # batches over which the peak number of requests in the system is kept
 RECORDS = 256  # decisions kept per kind of request
 DELAYS = 1024  # request queue delays kept per kind, for the status page's percentiles
@@ -65,13 +66,19 @@ UNKNOWN_HOLD = 0.01  # seconds a hold may last while the cost model knows nothin
 
 
 class CostModel:
-    """T(b) in seconds: a moving average per size (exact up to EXACT_SIZES, then per power
-    of two), for runs alone and runs overlapped by another; a line a + s*b per class for
-    sizes not measured yet. The first run of a size pays one-off costs (kernels picked,
-    memory first touched, XLA compiling the shape), so a size counts from its second."""
+    """T(b) in seconds: the median of the last COST_SAMPLES runs per size (exact up to
+    EXACT_SIZES, then per power of two), for runs alone and runs overlapped by another; a
+    line a + s*b per class for sizes not measured yet. The first run of a size pays one-off
+    costs (kernels picked, memory first touched, XLA compiling the shape), so a size counts
+    from its second. A median, not a moving average: one run stalled by other work (a
+    pause, another process) would move an average by a share of the stall and could flip
+    the plan (at 32x32, one run at three times its cost moved a 0.25-weight average by half
+    and made two runs of 16 look faster than one of 32), while a lasting change moves the
+    median within COST_SAMPLES / 2 runs."""
 
     def __init__(self):
-        self._points = ({}, {})  # [overlapped] {size key: [runs, seconds, rows]}
+        # [overlapped] {size key: [runs, median seconds, mean rows, recent seconds]}
+        self._points = ({}, {})
         self._lines = [None, None]
 
     @staticmethod
@@ -85,17 +92,19 @@ class CostModel:
         points = self._points[bool(overlapped)]
         point = points.get(self._key(rows))
         if point is None:
-            points[self._key(rows)] = [1, seconds, float(rows)]
+            points[self._key(rows)] = [1, seconds, float(rows), None]
         elif point[0] == 1:  # the first run is replaced by the second, unless faster
-            point[:] = [2, min(seconds, point[1]), float(rows)]
-        else:  # a run slowed by something else (a burst of other work) moves it less
+            first = min(seconds, point[1])
+            point[:] = [2, first, float(rows), collections.deque([first], COST_SAMPLES)]
+        else:
             point[0] += 1
-            point[1] += ALPHA * (min(seconds, OUTLIER * point[1]) - point[1])
+            point[3].append(seconds)
+            point[1] = _median(point[3])
             point[2] += ALPHA * (rows - point[2])
         self._lines[bool(overlapped)] = None
 
     def measured(self, rows, overlapped=False):
-        """The moving average at exactly `rows` (None: not run twice at that size)."""
+        """The median cost at exactly `rows` (None: not run twice at that size)."""
         point = self._points[bool(overlapped)].get(rows) if rows <= EXACT_SIZES else None
         return point[1] if point is not None and point[0] >= 2 else None
 
