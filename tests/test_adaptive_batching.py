@@ -254,13 +254,22 @@ def test_two_runs_whose_slots_wait_for_their_clients_lose_to_one_full_run():
     for its half of the clients: the slot's idle time counts (at 32x32 over gRPC, 2 x 16
     was chosen for 32/61.5 ms against 32/(55 + 8) ms and then served 0.82-0.86 of one run
     of 32)."""
-    assert _learner_timed_like_32x32_over_grpc(None).plan(32, 32, 2, cap=0.5) == (2, 16)
+    # Two runs whose slots never wait look 2% faster (32/61.5 ms against 32/63 ms): within
+    # the margin, one run of 32 is kept (two cohorts cost more than the model sees).
+    assert _learner_timed_like_32x32_over_grpc(None).plan(32, 32, 2, cap=0.5) == (1, 32)
+    faster = _learner_timed_like_32x32_over_grpc(None)
+    for _ in range(adaptive.COST_SAMPLES):
+        faster.cost.observe(16, 0.050, overlapped=True)  # 26% faster: two runs
+    assert faster.plan(32, 32, 2, cap=0.5) == (2, 16)
     waiting = _learner_timed_like_32x32_over_grpc(0.006)
     assert waiting.gap_shared == pytest.approx(0.006)
     assert waiting.state()["gap_shared"] == pytest.approx(0.006)
     assert waiting.plan(32, 32, 2, cap=0.5) == (1, 32)
-    # A slot that starts again at once (rows were waiting): two runs still win.
-    assert _learner_timed_like_32x32_over_grpc(0.0).plan(32, 32, 2, cap=0.5) == (2, 16)
+    # A slot that starts again at once (rows were waiting) and runs 26% faster: two runs.
+    again = _learner_timed_like_32x32_over_grpc(0.0)
+    for _ in range(adaptive.COST_SAMPLES):
+        again.cost.observe(16, 0.050, overlapped=True)
+    assert again.plan(32, 32, 2, cap=0.5) == (2, 16)
 
 
 def test_lone_requests_alone_do_not_make_a_full_run_look_longer_than_the_bound():

@@ -21,11 +21,13 @@ When a batch thread is free and n rows are queued it runs them at once or holds 
 more, choosing by the cost model (`AdaptivePolicy.decide`):
 
 - with c requests in the system it plans batches near c: one run of c rows at a time
-  (p=1), or two runs of c/2 taking turns (p=2: one fills while the other runs), whichever
-  the cost model says serves more rows per second (c/(T1(c)+gap) against
+  (p=1), or two runs of c/2 taking turns (p=2: one fills while the other runs) when the
+  cost model says they serve SWITCH_MARGIN more rows per second (c/(T1(c)+gap) against
   c/(T2(c/2)+gap2), where gap is the clients' turnaround between runs made one at a time
   and gap2 the time a run's slot stands idle while the other runs: its own half of the
-  clients turning around); the plan it does not use is measured again after
+  clients turning around; two runs split the clients into two cohorts, which costs more
+  than the model sees, so within the margin one run is kept); the plan it does not use
+  is measured again after
   EXPLORE_EVERY batches run at that concurrency, then after twice as many each time the
   plan in use stays the better one (up to EXPLORE_MAX; back to EXPLORE_EVERY when the
   plan changes): each
@@ -57,7 +59,7 @@ DELAYS = 1024  # request queue delays kept per kind, for the status page's perce
 EXPLORE_EVERY = 128  # batches before the first re-measurement of the plan not in use
 EXPLORE_MAX = 2048  # ... and at most between two, once each has confirmed the plan in use
 EXPLORE_BATCHES = 4  # batches each re-measurement runs
-SWITCH_MARGIN = 1.10  # a plan must look this much faster to replace the one in use
+SWITCH_MARGIN = 1.10  # two runs at a time must look this much faster than one
 GAP_SAMPLES = 31  # idle times between runs whose median is the turnaround estimate
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
 RATE_WINDOW = 1.0  # seconds over which arrivals are counted for the arrival rate
@@ -279,10 +281,12 @@ class Learner:
 
     def plan(self, concurrency, limit, threads, cap):
         """(parallel runs, target rows per run) for `concurrency` requests in the system:
-        one run of c rows, or two of c/2 taking turns, whichever the cost model says
-        serves more rows per second (measured points, else its lines once they stand on
-        two sizes; until then the plan is tried), keeping the plan in use unless the other looks
-        SWITCH_MARGIN faster, and running the other for EXPLORE_BATCHES batches now and
+        one run of c rows, or two of c/2 taking turns when the cost model says they
+        serve SWITCH_MARGIN more rows per second (measured points, else its lines once
+        they stand on two sizes; until then the plan is tried; at 32x32 with 32 clients the
+        two were within 2-10% of each other by the model, and a choice by the larger
+        estimate flipped to two runs of 16 for whole rows and served 0.94 of one run of 32
+        side by side: docs/benchmarks.md), running the other for EXPLORE_BATCHES batches now and
         then to measure it again (after EXPLORE_EVERY batches at this concurrency, then
         twice as many each time the plan in use stayed, up to EXPLORE_MAX). One run at a
         time only while it lasts less than `cap` (the bound): rows that arrive during it
@@ -309,9 +313,9 @@ class Learner:
         gap = (self.gap or 0.0) if one >= c else 0.0  # all c at once: clients turn around
         rate = {1: one / max(1e-9, alone + gap),
                 2: 2 * two / max(1e-9, shared + (self.gap_shared or 0.0))}
-        best = max(rate, key=rate.get)
+        best = 2 if rate[2] > SWITCH_MARGIN * rate[1] else 1
         current = self._plans.get(c)
-        if current is None or (best != current and rate[best] > SWITCH_MARGIN * rate[current]):
+        if current is None or best != current:
             if current is not None:  # the plan changed: re-measure the other one soon
                 self._explore_every[c] = EXPLORE_EVERY
                 self._explored[c] = self._batches_at[c]
