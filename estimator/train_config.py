@@ -58,9 +58,8 @@ class InputOptions:
                                         fields.POSITIVE)
     cycle_length: int = fields.option(8, "Shards read in parallel by interleave.",
                                       fields.POSITIVE)
-    num_parallel_calls: int = fields.option(
-        -1, "Parallel map calls (-1: AUTOTUNE; in a mirrored run, the CPU count).",
-        AUTOTUNE_OR_POSITIVE)
+    num_parallel_calls: int = fields.option(-1, "Parallel map calls (-1: AUTOTUNE).",
+                                            AUTOTUNE_OR_POSITIVE)
     prefetch: int = fields.option(-1, "Batches to prefetch (-1: AUTOTUNE).",
                                   AUTOTUNE_OR_POSITIVE)
     cache: str = fields.option("", "Cache records: '' off, 'memory', or a file prefix.")
@@ -224,10 +223,6 @@ class TrainConfig:
         derived value, the checkpoint cadence's included, saying the rule (logged, so a run
         says what it trained with)."""
         values, notes = self.model.derived(self.run.max_steps)
-        if self.input.num_parallel_calls == inputs.AUTOTUNE and self.mirrors_in_process():
-            notes = notes + ["--num_parallel_calls=%d (the CPU count: a mirrored run's "
-                             "session close waits out AUTOTUNE's parallel map)"
-                             % self.map_parallelism()]
         run = self.run
         if not run.save_checkpoints_steps and not run.save_checkpoints_secs:
             notes = notes + ["--save_checkpoints_steps=%d (--max_steps=%d / --evaluations=%d"
@@ -242,30 +237,12 @@ class TrainConfig:
                                        self.input.eval_central_fraction,
                                        self.input.max_image_pixels)
 
-    def mirrors_in_process(self):
-        """Whether run_config.strategy mirrors over this process's devices."""
-        options = self.distribution
-        return options.distribution == "mirrored" or (
-            options.distribution == "auto" and (options.num_gpus > 1 or
-                                                options.cpu_replicas > 1))
-
-    def map_parallelism(self):
-        """--num_parallel_calls, with AUTOTUNE replaced by the CPU count in a mirrored run.
-
-        Under MirroredStrategy, Estimator's training session close waited 17-105 s (4-step
-        runs on 2 cores, resnet_v1_50 at 32x32) for AUTOTUNE's parallel map to wind down;
-        with a fixed parallelism it took 1-6 s. The CPU count is what AUTOTUNE tends to
-        anyway."""
-        if self.input.num_parallel_calls == inputs.AUTOTUNE and self.mirrors_in_process():
-            return max(1, os.cpu_count() or 1)
-        return self.input.num_parallel_calls
-
     def input_configs(self, preprocess):
         """(train InputConfig, eval InputConfig): the same pipeline, two batch sizes."""
         options = self.input
         common = dict(preprocess=preprocess, shuffle_buffer=options.shuffle_buffer,
                       cycle_length=options.cycle_length,
-                      num_parallel_calls=self.map_parallelism(),
+                      num_parallel_calls=options.num_parallel_calls,
                       prefetch=options.prefetch, cache=options.cache,
                       area_range=(options.min_crop_area, options.max_crop_area),
                       aspect_ratio_range=(options.min_aspect_ratio, options.max_aspect_ratio),

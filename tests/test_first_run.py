@@ -253,29 +253,3 @@ def test_a_mid_run_refusal_is_not_a_warning_and_names_no_recipe():
         blessing.check(barely, "auto", num_classes=10)
     assert "configs/" not in str(refused.value) and "recipe" not in str(refused.value)
     assert "train longer (--max_steps)" in str(refused.value)
-
-
-def _config(*args):
-    values = commands.flag_values("slimserve.cli.train")
-    values(["slimserve-train", "--data_dir=d", "--model_dir=m"] + list(args))
-    return fields.from_flags(train_config.TrainConfig, values)
-
-
-def test_a_mirrored_run_maps_with_a_fixed_parallelism_unless_told_otherwise():
-    """AUTOTUNE's parallel map kept a mirrored run's session open 17-105 s after its last
-    step (train_config.map_parallelism): mirrored runs use the CPU count; one device and
-    an explicit flag keep theirs."""
-    cpus = max(1, os.cpu_count() or 1)
-    for args in (["--cpu_replicas=2"], ["--num_gpus=2"], ["--distribution=mirrored"]):
-        config = _config(*args)
-        assert config.map_parallelism() == cpus, args
-        train, evaluate = config.input_configs(config.preprocess())
-        assert train.num_parallel_calls == evaluate.num_parallel_calls == cpus
-        assert "--num_parallel_calls=%d (the CPU count" % cpus in " ".join(
-            config.derived_defaults()[1])
-    for args, expected in (([], -1), (["--cpu_replicas=2", "--num_parallel_calls=3"], 3),
-                           (["--cpu_replicas=2", "--distribution=none"], -1)):
-        config = _config(*args)
-        assert config.map_parallelism() == expected, args
-        assert config.input_configs(config.preprocess())[0].num_parallel_calls == expected
-        assert "--num_parallel_calls=" not in " ".join(config.derived_defaults()[1])
