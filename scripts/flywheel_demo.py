@@ -321,8 +321,14 @@ def main(argv=None):
                               path("source_images"))
     reuse = args.keep_first_model and os.path.isdir(path("run", "export", "final"))
     if reuse:
-        with open(path("data", "dataset_info.json")) as info:
-            kept_fraction = json.load(info)["validation_fraction"]
+        info_path = path("data", "dataset_info.json")
+        try:
+            with open(info_path) as info:
+                kept_fraction = float(json.load(info)["validation_fraction"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            parser.error("--keep_first_model: %s cannot say which --validation_fraction the "
+                         "first model was trained with (%s); drop --keep_first_model to train "
+                         "another" % (info_path, error))
         if abs(kept_fraction - args.validation_fraction) > 1e-9:
             parser.error("--keep_first_model: the first model in %s was trained with "
                          "--validation_fraction %g, not %g; drop --keep_first_model to train "
