@@ -25,9 +25,10 @@ DEFAULT_COST = 1.0
 # measured with `pytest -p no:xdist --durations=60`. Only the order depends on them:
 # a stale or missing entry costs time, never a result.
 COSTS = {
-    # the source and fine-tuned runs (test_quality.py builds them as run-wide fixtures)
+    # the fine-tuned run (test_quality.py builds it as a run-wide fixture, from the trained
+    # run, which this unit is then charged for and builds first: RUN_WIDE_COSTS)
     "test_quality.py::test_finetuning_reaches_high_accuracy_with_frozen_layers_bit_"
-    "identical": 245,
+    "identical": 110,
     "test_distributed.py::test_two_replica_training_evaluates_and_exports_on_one_device": 147,
     # measured under -n 2 (2026-11-26; the retrain test since grew from 42 s: a soup of two
     # fine-tunes, 65 s alone); unlisted, they ran last and left a core idle

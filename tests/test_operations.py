@@ -70,8 +70,9 @@ def test_logged_traffic_of_both_apis_builds_the_next_versions_warmup(
     assert all(log.predict_log.response.outputs["probabilities"].float_val for log in logs)
 
     # The next version's warmup comes from that traffic: one request per input shape.
+    # (--noverify: the reload-and-compare is tests/test_export.py's; ~8 CPU seconds here)
     out = run_cli("slimserve.cli.export", "--model_dir", trained_run, "--export_base", base,
-                  "--warmup_from", prefix + "*")
+                  "--warmup_from", prefix + "*", "--noverify")
     new_version = out.stdout.strip().splitlines()[-1]
     assert os.path.basename(new_version) != "1"
     servable = servable_lib.Servable("resnet", 2, new_version)
