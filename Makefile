@@ -29,7 +29,7 @@ TEST_WORKERS ?= 3
 # Bytecode of our sources first: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
 # each of the suite's ~170 processes would compile the modules it imports again.
 # One intra-op thread per TensorFlow process: the workers and their children already keep
-# both cores busy, and each process's own pool of two only adds contention (7% fewer CPU
+# both cores busy, and each process's own pool of two only adds contention (5-7% fewer CPU
 # seconds for the same suite, docs/development.md). `make test TEST_INTRAOP_THREADS=0`:
 # TensorFlow's choice.
 TEST_INTRAOP_THREADS ?= 1
