@@ -276,4 +276,24 @@ def limit_table(args, size, variants, limits, servers, images, digits, levels=No
           "search); vs fp32: the same against the float32 row of the same path; agreement "
           "/ max |dp|: argmax agreement and largest probability difference with in-process "
           "float32 on all %d validation digits, sent through that path)" % len(digits))
+    print_paired(rows, seen)
     return rows, seen, {p: limit.by_batch for p, limit in limits.items()}
+
+
+def print_paired(rows, seen):
+    """Every two variants at one concurrency, per round: the rows of a level run next to
+    each other in each round, so the ratio of their img/s in the same round cancels most
+    of the machine's drift between rounds (the medians above do not); printed as the
+    median and the quartiles of those ratios."""
+    levels = sorted({row[2] for row in rows if row[2] is not None})
+    for level in levels:
+        at = [row for row in rows if row[2] == level]
+        for i, first in enumerate(at):
+            for second in at[i + 1:]:
+                ratios = np.array([a["images_per_s"] / max(1e-9, b["images_per_s"])
+                                   for a, b in zip(seen[first], seen[second])])
+                print("%d clients, per round: %s / %s: median %.3f (quartiles %.3f-%.3f, "
+                      "%d rounds; %d of them above 1)" % (
+                          level, first[0], second[0], np.median(ratios),
+                          np.percentile(ratios, 25), np.percentile(ratios, 75), len(ratios),
+                          int(np.sum(ratios > 1))))
