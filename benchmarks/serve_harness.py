@@ -4,13 +4,14 @@ server child and the closed-loop load.
 
 Servers start as `slimserve-server` children through serving/tools/server_process.py (the
 project's one launcher: free ports from the ready line, a memory cap, gone with this
-process); another checkout's server (the baseline rows) is the same launcher with that
-checkout first on PYTHONPATH. Load comes from serving/tools/loadtest.py `run_level`, the
+process); another checkout's server (the baseline rows) is the same launcher running
+benchmarks/checkout.py, which imports that checkout's libraries instead of this install's. Load comes from serving/tools/loadtest.py `run_level`, the
 generator slimserve-loadtest and slimserve-tune use, with a raw-bytes gRPC `send`
 (benchmarks/request_rate.py) where the client's own cost must stay out of the figure.
 """
 import dataclasses
 import os
+import sys
 
 import numpy as np
 
@@ -127,9 +128,13 @@ def start_server(base, batching=False, batch_file=None, logging_rate=None,
     flags += list(extra_args)
     label = "%s%s%s" % (model_name, " batching" if batching else "",
                         " (%s)" % root if root else "")
+    command = None  # this checkout's server
+    if root:  # that checkout's libraries, not the ones this install maps (checkout.py)
+        command = [sys.executable, os.path.join(common.ROOT, "benchmarks", "checkout.py"),
+                   root, server_process.SERVER_MODULE]
     return server_process.ServerProcess(
         flags, label, memory_cap=servers.MODEL_MEMORY_CAP, cwd=root or common.ROOT,
-        env=dict(os.environ, PYTHONPATH=root or common.ROOT))
+        command=command, env=dict(os.environ, PYTHONPATH=root or common.ROOT))
 
 
 def closed_loop(target, requests, concurrency, seconds, warmup=1.0):

@@ -51,3 +51,32 @@ def test_no_module_imports_the_libraries_by_their_bare_folder_names():
                         if bare.search(handle.read()):
                             offenders.append(os.path.relpath(path, ROOT))
     assert not offenders, offenders
+
+
+def test_another_checkouts_server_runs_that_checkouts_libraries(tmp_path):
+    """The baseline rows of the benchmarks run another checkout's server through
+    benchmarks/checkout.py: with PYTHONPATH alone, this editable install's mapping of
+    slimserve.serving to this checkout's folder answered, and the 'baseline' ran this
+    checkout's serving code."""
+    other = tmp_path / "other"
+    for folder in ("slimserve", "serving", "estimator", "export"):
+        (other / folder).mkdir(parents=True)
+        (other / folder / "__init__.py").write_text("")
+    (other / "serving" / "where.py").write_text(
+        "import slimserve, slimserve.export\n"
+        "print(__file__, slimserve.__file__, slimserve.export.__file__)\n")
+    runner = os.path.join(ROOT, "benchmarks", "checkout.py")
+    out = subprocess.run([sys.executable, runner, str(other), "slimserve.serving.where"],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    assert out.split() == [str(other / "serving" / "where.py"),
+                           str(other / "slimserve" / "__init__.py"),
+                           str(other / "export" / "__init__.py")]
+    # what the runner exists for: PYTHONPATH alone reaches this checkout's serving
+    plain = subprocess.run(
+        [sys.executable, "-c", "import slimserve.serving; print(slimserve.serving.__file__)"],
+        check=True, capture_output=True, text=True, timeout=60, cwd=str(other),
+        env=dict(os.environ, PYTHONPATH=str(other))).stdout
+    assert not plain.strip().startswith(str(other))
+    failed = subprocess.run([sys.executable, runner, str(tmp_path), "slimserve.serving"],
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0 and "not a slimserve checkout" in failed.stderr
