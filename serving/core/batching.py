@@ -287,6 +287,7 @@ class _Queue:
         self.running_rows = 0
         self.hold_start = None  # when a free run first held the queued rows for more
         self.hold_planned = 0.0  # the latest start allowed them, after the oldest's arrival
+        self.wake = None  # the pending hold's (queued rows, rows in system) to wake at
 
     def schedule(self, request):
         params, limit = self.params, self.params.execution_batch_size
@@ -358,6 +359,7 @@ class _Queue:
                 decision = adaptive.Decision("timeout", planned=timeout)
         if decision.for_rows and self.hold_start is None:
             self.hold_start = now
+        self.wake = decision.wake
         self.hold_planned = max(self.hold_planned, decision.planned)
         return decision
 
@@ -390,9 +392,19 @@ class _Queue:
         decision.bound = self.params.batch_timeout_micros / 1e6
         decision.queued, decision.running = self.queued_rows + batch.rows, self.running - 1
         self.hold_planned = 0.0
+        self.wake = None
         if not self.queued_rows:  # rows left keep the hold for more rows they are under
             self.hold_start = None
         return batch
+
+    def wakes(self):
+        """Whether the latest arrival can change what a waiting batch thread decided for
+        this queue: not while it holds these rows (adaptive.Decision.wake) and neither
+        threshold is reached; the thread then wakes at its deadline or when a run ends."""
+        if self.wake is None:
+            return True
+        rows, in_system = self.wake
+        return self.queued_rows >= rows or self.queued_rows + self.running_rows >= in_system
 
     def idle(self):
         return not self.running and len(self.batches) == 1 and not self.batches[0].pieces
@@ -535,7 +547,8 @@ class Batcher:
             queue.schedule(request)
             queue.learner.load.arrival(request.enqueued,
                                        queue.queued_rows + queue.running_rows)
-            if self._idle and (params.adaptive or queue.batches[0].pieces[0].request is
+            if self._idle and ((params.adaptive and queue.wakes()) or
+                               queue.batches[0].pieces[0].request is
                                request or len(queue.batches) > 1 or
                                queue.batches[0].rows >= params.execution_batch_size):
                 # a batch to take now, a new open batch whose timeout a sleeping thread
