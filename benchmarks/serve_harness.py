@@ -5,9 +5,10 @@ server child and the closed-loop load.
 Servers start as `slimserve-server` children through serving/tools/server_process.py (the
 project's one launcher: free ports from the ready line, a memory cap, gone with this
 process); another checkout's server (the baseline rows) is the same launcher running
-benchmarks/checkout.py, which imports that checkout's libraries instead of this install's. Load comes from serving/tools/loadtest.py `run_level`, the
-generator slimserve-loadtest and slimserve-tune use, with a raw-bytes gRPC `send`
-(benchmarks/request_rate.py) where the client's own cost must stay out of the figure.
+benchmarks/checkout.py, which imports that checkout's libraries instead of this install's.
+Load comes from serving/tools/loadtest.py `run_level`, the generator slimserve-loadtest
+and slimserve-tune use, with a raw-bytes gRPC `send` (benchmarks/request_rate.py) where
+the client's own cost must stay out of the figure.
 """
 import dataclasses
 import os

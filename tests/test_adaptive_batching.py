@@ -346,8 +346,8 @@ def test_arrivals_into_a_hold_do_not_each_wake_a_batch_thread(flat, monkeypatch)
     brings every request in, by a run's end or by its deadline, not by every arrival in
     between: each wake is a decision on the lock and the GIL the request handlers need
     (at 32x32 with 32 clients over gRPC, 23 decisions per batch against the tuned file's
-    3). Read on the real scheduler: most arrivals into holds wake no thread, and yet no
-    row waits past the bound and the holds still gather rows."""
+    3). Read on the real scheduler: a quarter of the arrivals or more wake no thread, and
+    yet no row waits past the bound and the holds still gather rows."""
     woke = []
     wakes = batching._Queue.wakes  # pylint: disable=protected-access
 
