@@ -37,9 +37,13 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   system is already queued or running (nothing more can come: a lone request never
   waits);
 - else it holds the rows at most as long as merging them with the missing rows saves:
-  T(n) + T(target - n) - T(target), never longer than the configured bound (the
-  parameters' batch_timeout_micros in this mode). A hold that runs out lowers the
-  estimate of the requests in the system, so a client that left costs one bound.
+  T(n) + T(target - n) - T(target), and at least FILL_MARGIN times the FILL_QUANTILE of
+  how long the missing requests of recent holds took to come (a cost that grows with the
+  rows makes the saving a run's fixed cost, shorter than the clients' turnaround: a hold
+  that runs out before they come splits them into cohorts), never longer than the
+  configured bound (the parameters' batch_timeout_micros in this mode). A hold that
+  runs out lowers the estimate of the requests in the system, so a client that left
+  costs one hold.
   Arrivals into a hold wake no batch thread until one can end it (`Decision.wake`: the
   queue reaching the target, or the system the concurrency); a run's end and the hold's
   deadline still do. Waking one per arrival made 23 decisions per batch at 32x32 with 32
@@ -68,6 +72,12 @@ GAP_SAMPLES = 31  # idle times between runs whose median is the turnaround estim
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
 RATE_WINDOW = 1.0  # seconds over which arrivals are counted for the arrival rate
 HOLD_FLOOR = 0.05  # a hold for missing rows may last this share of the target's run
+# A hold for missing rows may last FILL_MARGIN times the FILL_QUANTILE of how long the
+# last FILL_SAMPLES holds took to see them come (once FILL_MIN_SAMPLES were seen).
+FILL_SAMPLES = 31
+FILL_QUANTILE = 90
+FILL_MARGIN = 2.0
+FILL_MIN_SAMPLES = 8
 UNKNOWN_HOLD = 0.01  # seconds a hold may last while the cost model knows nothing
 
 
@@ -269,6 +279,12 @@ class Learner:
         # the plan.
         self._gaps = collections.deque(maxlen=GAP_SAMPLES)
         self._gaps_shared = collections.deque(maxlen=GAP_SAMPLES)
+        # How long after a hold for missing rows began the system held `concurrency`
+        # requests again, whether the hold waited for them or ran out first: in a closed
+        # loop, the spread of the clients' turnaround (`holding`, `arrival`).
+        self._fills = collections.deque(maxlen=FILL_SAMPLES)
+        self._fill_from = None  # the pending measurement's start, concurrency and cap
+        self._fill_for = self._fill_cap = 0
         self.last_end = None
 
     @property
@@ -348,15 +364,45 @@ class Learner:
         """How long holding `queued` rows for the target's missing rows is worth: what one
         run of `target` rows saves over two runs (n, target - n), from measured points
         or the line; at least HOLD_FLOOR of a run of `target` (rows in flight usually
-        arrive sooner, and a run's noise must not break batches apart); UNKNOWN_HOLD while
-        nothing of that class has run twice; never above `cap`."""
+        arrive sooner, and a run's noise must not break batches apart), and at least
+        FILL_MARGIN times the FILL_QUANTILE of how long recent holds took to fill (the
+        missing rows of a closed loop are clients still turning around: at 32x32 with 32
+        clients over gRPC the last of them comes 15-20 ms after the first, up to 100 ms
+        when the machine is busy, while the saving is about a run's fixed cost, a few ms;
+        running without them splits the clients into two cohorts, and each later cycle
+        pays again until they merge); UNKNOWN_HOLD while nothing of that class has run
+        twice; never above `cap`."""
         overlapped = parallel > 1
         whole = self.cost.estimate(target, overlapped)
         now = self.cost.estimate(queued, overlapped)
         rest = self.cost.estimate(max(1, target - queued), overlapped)
         if whole is None or now is None or rest is None:
             return min(cap, UNKNOWN_HOLD)
-        return max(0.0, min(cap, max(now + rest - whole, HOLD_FLOOR * whole)))
+        floor = HOLD_FLOOR * whole
+        if len(self._fills) >= FILL_MIN_SAMPLES:
+            floor = max(floor, FILL_MARGIN * _percentile(sorted(self._fills), FILL_QUANTILE))
+        return max(0.0, min(cap, max(now + rest - whole, floor)))
+
+    def holding(self, since, concurrency, cap):
+        """A free run holds rows (since `since`) for the requests that bring the system to
+        `concurrency`: time how long they take, unless a measurement is pending (one
+        older than `cap` is given up: those requests left)."""
+        if self._fill_from is None or since - self._fill_from > self._fill_cap:
+            self._fill_from, self._fill_for, self._fill_cap = since, concurrency, cap
+
+    def arrival(self, now, in_system):
+        """A request arrived; `in_system` requests are queued or running with it."""
+        self.load.arrival(now, in_system)
+        if self._fill_from is not None and in_system >= self._fill_for:
+            seconds = now - self._fill_from
+            self._fill_from = None
+            if seconds <= self._fill_cap:
+                self._fills.append(seconds)
+
+    @property
+    def fill(self):
+        """The FILL_QUANTILE of the recent times to fill (None before any)."""
+        return _percentile(sorted(self._fills), FILL_QUANTILE)
 
     # --- what happened -------------------------------------------------------------
 
@@ -400,7 +446,7 @@ class Learner:
             "delay_max": delays[-1] if delays else None,
             "batch_sizes": dict(self.batch_sizes), "cost": self.cost.points(),
             "line": self.cost.line(False), "line_overlapped": self.cost.line(True),
-            "gap": self.gap, "gap_shared": self.gap_shared,
+            "gap": self.gap, "gap_shared": self.gap_shared, "fill": self.fill,
         }
 
 
@@ -443,6 +489,7 @@ def decide(learner, queued, running_rows, running, limit, threads, cap, oldest, 
             return _run("all in system", min(queued, limit), parallel, target,
                         concurrency)
         started = hold_start if hold_start is not None else now
+        learner.holding(started, concurrency, cap)
         worth = started + learner.hold_bound(queued, target, parallel, cap)
         reason = "bound"
         if worth < until:

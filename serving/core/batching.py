@@ -545,8 +545,7 @@ class Batcher:
                 queue = self._queues[key] = _Queue(params, run, self._learner(
                     (learning if learning is not None else kind, shapes), label))
             queue.schedule(request)
-            queue.learner.load.arrival(request.enqueued,
-                                       queue.queued_rows + queue.running_rows)
+            queue.learner.arrival(request.enqueued, queue.queued_rows + queue.running_rows)
             if self._idle and ((params.adaptive and queue.wakes()) or
                                queue.batches[0].pieces[0].request is
                                request or len(queue.batches) > 1 or

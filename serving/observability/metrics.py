@@ -74,6 +74,9 @@ BATCHING_GAUGES = {  # name: (help, state key, scale)
     BATCHING + "target_batch_size": ("Rows its plan puts in a batch.", "target", 1),
     BATCHING + "max_queue_delay": ("Longest a free batch thread holds rows back, "
                                    "microseconds (the bound).", "bound", 1e6),
+    BATCHING + "fill_time": ("How long the missing requests of a hold took to come (90th "
+                             "percentile of recent holds), microseconds; absent before.",
+                             "fill", 1e6),
 }
 BATCHING_LABELS = ["model_name", "version", "signature_name"]
 VERSION_STATES = ("START", "LOADING", "AVAILABLE", "UNLOADING", "END")
@@ -258,7 +261,8 @@ class Metrics:
         for name, (text, field, scale) in BATCHING_GAUGES.items():
             family = GaugeMetricFamily(name, text + " (slimserve)", labels=BATCHING_LABELS)
             for key, state in sorted(chosen.items()):
-                family.add_metric(list(key), float(state[field]) * scale)
+                if state[field] is not None:
+                    family.add_metric(list(key), float(state[field]) * scale)
             out.append(family)
         cost = GaugeMetricFamily(BATCHING_COST, _HELP[BATCHING_COST],
                                  labels=BATCHING_LABELS + ["batch_size", "runs"])

@@ -74,6 +74,8 @@ def _batching(batching):
             if sizes else "none")
         plan = ("%d x %d rows" % (state["parallel"], state["target"]) if state["adaptive"]
                 else "timeout rule")
+        if state["adaptive"] and state.get("fill") is not None:
+            plan += ", missing rows come within %s ms" % _ms(state["fill"])
         parts.append("<tr>" + _cell(esc(str(model))) + _cell(esc(str(version)))
                      + _cell(esc(str(signature or ""))) + _cell(
                          "adaptive" if state["adaptive"] else "TF Serving")

@@ -142,11 +142,13 @@ def write_batch_probe_model(base_path, version=1):
         return _save(path, graph, signatures, tf.no_op())
 
 
-def write_costly_model(base_path, iterations, odd_iterations=0, version=1):
+def write_costly_model(base_path, iterations, odd_iterations=0, version=1,
+                       row_iterations=0):
     """A model whose run costs a loop of `iterations` steps (~15 us each here), plus
-    `odd_iterations` more when its batch has an odd number of rows: a slow model, and one
-    whose cost is not monotonic in the batch size, for the batch scheduler's tests. Its
-    answer is exact whatever the batch:
+    `odd_iterations` more when its batch has an odd number of rows, plus `row_iterations`
+    per row: a slow model, one whose cost is not monotonic in the batch size, and one
+    whose cost grows with its rows from a small fixed part, for the batch scheduler's
+    tests. Its answer is exact whatever the batch:
 
         serving_default: x float [-1, 2] -> doubled = 2x [-1, 2]
                                             rows = the run's batch size, per row [-1]
@@ -156,7 +158,8 @@ def write_costly_model(base_path, iterations, odd_iterations=0, version=1):
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
         batch = tf.shape(x, out_type=tf.int64)[0]
-        steps = iterations + odd_iterations * tf.math.floormod(batch, 2)
+        steps = iterations + odd_iterations * tf.math.floormod(batch, 2) + \
+            row_iterations * batch
         done = tf.while_loop(lambda i: i < steps, lambda i: i + 1,
                              [tf.constant(0, tf.int64)], parallel_iterations=1)
         # the loop's count joins the answer as 0 * count, so it cannot be pruned
