@@ -316,12 +316,28 @@ def test_lone_requests_alone_do_not_make_a_full_run_look_longer_than_the_bound()
     assert learner.plan(32, 32, 2, cap=0.5) == (2, 16)
 
 
+def _batches(learner, batches, seconds_16, seconds_32):
+    """Runs `batches` batches at 32 clients as plan() chooses them, each run of 16 (two at a
+    time) taking `seconds_16` and each run of 32 `seconds_32`. -> the plan of each batch."""
+    chosen = []
+    for _ in range(batches):
+        parallel, rows = learner.plan(32, 32, 2, cap=0.5)
+        learner.cost.observe(rows, seconds_16 if parallel == 2 else seconds_32,
+                             overlapped=parallel == 2)
+        learner.batches += 1
+        learner._batches_at[32] += 1  # pylint: disable=protected-access
+        learner._explore = max(0, learner._explore - 1)  # pylint: disable=protected-access
+        chosen.append(parallel)
+    return chosen
+
+
 def test_one_stalled_run_does_not_flip_the_plan_and_a_lasting_change_does():
     """A run's cost is the median of its size's recent runs: one run of 32 stalled to three
     times its cost (a pause, another process) leaves one run of 32 in use, where a
     0.25-weight moving average would have put T(32) at 82 ms and switched to two runs of
     16 until the next re-measurement (seen at 32x32 in-process: 38-48 batches of 16 in a
-    5-s row). A cost that stays changed is followed within a few runs."""
+    5-s row). A cost that stays changed is followed once the runs of 16 are measured
+    again, within CONFIRM_EVERY batches."""
     learner = _learner_timed_like_32x32_over_grpc(0.006)
     assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
     learner.cost.observe(32, 3 * 0.055, overlapped=False)
@@ -330,7 +346,36 @@ def test_one_stalled_run_does_not_flip_the_plan_and_a_lasting_change_does():
     for _ in range(adaptive.COST_SAMPLES // 2 + 1):
         learner.cost.observe(32, 0.110, overlapped=False)
     assert learner.cost.measured(32) == pytest.approx(0.110)
-    assert learner.plan(32, 32, 2, cap=0.5) == (2, 16)
+    chosen = _batches(learner, adaptive.CONFIRM_EVERY + 2 * adaptive.EXPLORE_BATCHES,
+                      0.0615, 0.110)
+    assert chosen[:adaptive.CONFIRM_EVERY] == [1] * adaptive.CONFIRM_EVERY
+    assert learner._plans[32] == 2  # pylint: disable=protected-access
+    assert chosen[-adaptive.EXPLORE_BATCHES:] == [2] * adaptive.EXPLORE_BATCHES
+
+
+def test_a_machine_that_slows_does_not_flip_the_plan_on_stale_costs():
+    """When the machine slows (other work, a throttled core), the runs of the plan in use
+    show it at once, while the other plan's costs are from its last re-measurement, up to
+    EXPLORE_MAX batches old: compared as they stand, one run of 32 slowed by 27% looks 16%
+    slower than two runs of 16 that were measured fast (seen at 32x32 with 32 clients:
+    two runs of 16 for whole rows). The other plan is measured again first, and the plan
+    changes only if its fresh runs confirm it."""
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    # the machine slows by 27%: every run, of either size
+    for _ in range(adaptive.COST_SAMPLES // 2 + 1):
+        learner.cost.observe(32, 0.070, overlapped=False)
+    stale = learner.cost.measured(16, overlapped=True)
+    assert stale == pytest.approx(0.0615)
+    assert 32 / (0.0615 + 0.006) > adaptive.SWITCH_MARGIN * 32 / (0.070 + 0.008)
+    # measured again after CONFIRM_EVERY batches (the fresh runs of 16 alone make the
+    # median), and not again until the re-measurement due EXPLORE_EVERY batches later
+    chosen = _batches(learner, adaptive.CONFIRM_EVERY + adaptive.EXPLORE_EVERY - 1, 0.078,
+                      0.070)
+    assert chosen.count(2) == adaptive.EXPLORE_BATCHES
+    assert chosen.index(2) == adaptive.CONFIRM_EVERY
+    assert learner.cost.measured(16, overlapped=True) == pytest.approx(0.078)
+    assert learner._plans[32] == 1  # pylint: disable=protected-access
 
 
 def test_one_stalled_client_does_not_flip_the_plan():

@@ -32,7 +32,12 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   plan in use stays the better one (up to EXPLORE_MAX; back to EXPLORE_EVERY when the
   plan changes): each
   re-measurement costs a few slower batches and the batches that merge the clients into
-  one cohort again;
+  one cohort again. The plan changes only on such a re-measurement, whose runs restart
+  their size's median: the plan in use's costs are always fresh, the other's as old as
+  its last re-measurement, so when the machine slows the plan in use looks slower than
+  a plan measured on a faster machine. When the model prefers the plan not in use, that
+  plan is measured again first (after CONFIRM_EVERY batches at that concurrency) and
+  the plan changes if the fresh costs still prefer it;
 - it runs at once when the queue holds the planned batch, or when every request in the
   system is already queued or running (nothing more can come: a lone request never
   waits);
@@ -67,6 +72,9 @@ DELAYS = 1024  # request queue delays kept per kind, for the status page's perce
 EXPLORE_EVERY = 128  # batches before the first re-measurement of the plan not in use
 EXPLORE_MAX = 2048  # ... and at most between two, once each has confirmed the plan in use
 EXPLORE_BATCHES = 4  # batches each re-measurement runs
+# Batches at a concurrency between two re-measurements asked for by the cost model
+# preferring the plan not in use on costs older than the plan in use's.
+CONFIRM_EVERY = 32
 SWITCH_MARGIN = 1.10  # two runs at a time must look this much faster than one
 GAP_SAMPLES = 31  # idle times between runs whose median is the turnaround estimate
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
@@ -96,6 +104,7 @@ class CostModel:
         # [overlapped] {size key: [runs, median seconds, mean rows, recent seconds]}
         self._points = ({}, {})
         self._lines = [None, None]
+        self._refresh = set()  # (overlapped, size key) whose next run restarts the median
 
     @staticmethod
     def _key(rows):
@@ -107,6 +116,8 @@ class CostModel:
             return
         points = self._points[bool(overlapped)]
         point = points.get(self._key(rows))
+        restart = (bool(overlapped), self._key(rows)) in self._refresh
+        self._refresh.discard((bool(overlapped), self._key(rows)))
         if point is None:
             points[self._key(rows)] = [1, seconds, float(rows), None]
         elif point[0] == 1:  # the first run is replaced by the second, unless faster
@@ -114,10 +125,17 @@ class CostModel:
             point[:] = [2, first, float(rows), collections.deque([first], COST_SAMPLES)]
         else:
             point[0] += 1
+            if restart:
+                point[3].clear()
             point[3].append(seconds)
             point[1] = _median(point[3])
             point[2] += ALPHA * (rows - point[2])
         self._lines[bool(overlapped)] = None
+
+    def refresh(self, rows, overlapped):
+        """The next run of `rows` starts the median afresh (its earlier runs may be from
+        a faster or slower machine than the runs it is compared with)."""
+        self._refresh.add((bool(overlapped), self._key(rows)))
 
     def measured(self, rows, overlapped=False):
         """The median cost at exactly `rows` (None: not run twice at that size)."""
@@ -269,6 +287,7 @@ class Learner:
         self._explore = 0  # batches left to run with the plan not in use
         self._explored = {}  # concurrency -> batches run at its last re-measurement
         self._explore_every = {}  # concurrency -> batches until its next re-measurement
+        self._measuring = {}  # concurrency -> True while its re-measurement is under way
         # Batches run per concurrency: the re-measurement intervals count only the batches
         # run at theirs (when the load alternates between 1 and 32 clients, the 1-client
         # batches must not bring the 32-client plan's re-measurement forward).
@@ -311,7 +330,9 @@ class Learner:
         estimate flipped to two runs of 16 for whole rows and served 0.94 of one run of 32
         side by side: docs/benchmarks.md), running the other for EXPLORE_BATCHES batches now and
         then to measure it again (after EXPLORE_EVERY batches at this concurrency, then
-        twice as many each time the plan in use stayed, up to EXPLORE_MAX). One run at a
+        twice as many each time the plan in use stayed, up to EXPLORE_MAX; after
+        CONFIRM_EVERY when the model prefers it) and changing plans only when such a
+        re-measurement has just ended (both plans' costs fresh). One run at a
         time only while it lasts less than `cap` (the bound): rows that arrive during it
         wait for it to end."""
         c = max(1, concurrency)
@@ -337,27 +358,37 @@ class Learner:
         rate = {1: one / max(1e-9, alone + gap),
                 2: 2 * two / max(1e-9, shared + (self.gap_shared or 0.0))}
         best = 2 if rate[2] > SWITCH_MARGIN * rate[1] else 1
-        current = self._plans.get(c)
-        if current is None or best != current:
-            if current is not None:  # the plan changed: re-measure the other one soon
-                self._explore_every[c] = EXPLORE_EVERY
-                self._explored[c] = self._batches_at[c]
-            current = best
         if len(self._plans) >= 4 * EXACT_SIZES:
             self._plans.clear()
             self._explored.clear()
             self._explore_every.clear()
             self._batches_at.clear()
+            self._measuring.clear()
+        current = self._plans.get(c)
+        # A re-measurement of the plan not in use has just ended: both plans' costs are
+        # from the last few batches, so the comparison may change the plan.
+        fresh = self._explore == 0 and self._measuring.pop(c, False)
+        if current is None or (best != current and fresh):
+            if current is not None:  # the plan changed: re-measure the other one soon
+                self._explore_every[c] = EXPLORE_EVERY
+                self._explored[c] = self._batches_at[c]
+            current = best
         self._plans[c] = current
         choice = current
         every = self._explore_every.setdefault(c, EXPLORE_EVERY)
+        since = self._batches_at[c] - self._explored.setdefault(c, self._batches_at[c])
         if self._explore > 0:
             choice = 3 - current
-        elif self._batches_at[c] - self._explored.setdefault(c, self._batches_at[c]) >= every:
+        elif since >= every or (best != current and since >= CONFIRM_EVERY):
+            # Due, or the model prefers the other plan on costs older than the plan in
+            # use's: measure it again before changing.
+            if since >= every:
+                self._explore_every[c] = min(EXPLORE_MAX, 2 * every)
             self._explored[c] = self._batches_at[c]
-            self._explore_every[c] = min(EXPLORE_MAX, 2 * every)
             self._explore = EXPLORE_BATCHES
+            self._measuring[c] = True
             choice = 3 - current
+            self.cost.refresh(one if choice == 1 else two, overlapped=choice == 2)
         return choice, (one if choice == 1 else two)
 
     def hold_bound(self, queued, target, parallel, cap):
