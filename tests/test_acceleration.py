@@ -19,13 +19,18 @@ from slimserve.export import signatures
 from tests.helpers import ROOT
 
 # Runs in a fresh process with TF_XLA_FLAGS empty: only run_config's switch turns XLA on.
+# Blocks 1-3 frozen, as a fine-tune may freeze them: the step still runs the whole net
+# forward, and compiling a backward pass through block4 only took the probe from 46 to 15
+# CPU seconds (73 XLA ops in the step's clusters, 379 with nothing frozen).
 _XLA_PROBE = """
 import dataclasses, json
 import numpy as np, tensorflow as tf
 from slimserve.estimator import model
 from slimserve.estimator import run_config
 config = model.ModelConfig(model_name="resnet_v1_50", num_classes=10,
-                           optimizer="sgd", learning_rate=0.001, batch_norm_decay=0.9)
+                           optimizer="sgd", learning_rate=0.001, batch_norm_decay=0.9,
+                           freeze_scopes=["resnet_v1_50/conv1", "resnet_v1_50/block1",
+                                          "resnet_v1_50/block2", "resnet_v1_50/block3"])
 graph = tf.Graph()
 with graph.as_default():
     tf.compat.v1.set_random_seed(0)
