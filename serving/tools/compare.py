@@ -235,26 +235,40 @@ def labelled(images, labels, baseline_dir, candidate_dir, session_config=None, b
     class names. Returns {"images", "baseline_accuracy", "candidate_accuracy", "fixed"
     (wrong -> right), "broken" (right -> wrong)}; an image a model refuses counts as
     wrong for that model."""
-    if len(images) != len(labels) or not images:
-        raise UserError("labelled check: %d images, %d labels" % (len(images), len(labels)))
-    correct = {}
+    return labelled_sets({None: (images, labels)}, baseline_dir, candidate_dir,
+                         session_config, batch, progress)[None]
+
+
+def labelled_sets(sets, baseline_dir, candidate_dir, session_config=None, batch=32,
+                  progress=None):
+    """labelled() for several sets of images ({key: (images, labels)} -> {key: report}),
+    loading each model once (a ResNet-50 SavedModel costs seconds to load)."""
+    for key, (images, labels) in sets.items():
+        if len(images) != len(labels) or not images:
+            raise UserError("labelled check%s: %d images, %d labels" % (
+                "" if key is None else " (%s)" % key, len(images), len(labels)))
+    reports = {}
     with _loaded(baseline_dir, candidate_dir, session_config) as models:
-        for role, (servable, names) in models.items():
-            _, signature_def = servable.signature(conventions.DEFAULT_SIGNATURE)
-            right = []
-            for start in range(0, len(images), batch):
-                chunk = images[start:start + batch]
-                answers = _answer_each(servable, signature_def, names, chunk)
-                right += [answer == label for answer, label in
-                          zip(answers, labels[start:start + batch])]
-                if progress:
-                    progress(len(chunk))
-            correct[role] = np.array(right)
-    return {"images": len(images),
-            "baseline_accuracy": float(correct["baseline"].mean()),
-            "candidate_accuracy": float(correct["candidate"].mean()),
-            "fixed": int(np.sum(~correct["baseline"] & correct["candidate"])),
-            "broken": int(np.sum(correct["baseline"] & ~correct["candidate"]))}
+        for key, (images, labels) in sets.items():
+            correct = {}
+            for role, (servable, names) in models.items():
+                _, signature_def = servable.signature(conventions.DEFAULT_SIGNATURE)
+                right = []
+                for start in range(0, len(images), batch):
+                    chunk = images[start:start + batch]
+                    answers = _answer_each(servable, signature_def, names, chunk)
+                    right += [answer == label for answer, label in
+                              zip(answers, labels[start:start + batch])]
+                    if progress:
+                        progress(len(chunk))
+                correct[role] = np.array(right)
+            reports[key] = {
+                "images": len(images),
+                "baseline_accuracy": float(correct["baseline"].mean()),
+                "candidate_accuracy": float(correct["candidate"].mean()),
+                "fixed": int(np.sum(~correct["baseline"] & correct["candidate"])),
+                "broken": int(np.sum(correct["baseline"] & ~correct["candidate"]))}
+    return reports
 
 
 def _answer_each(servable, signature_def, names, images):

@@ -280,15 +280,18 @@ def check(config, serving, candidate, new_data, original_data):
             "requests", "predictions", "agreement", "baseline_error_rate",
             "candidate_error_rate", "errors_candidate", "flips")}
         reasons += compare.verdict(traffic, None, config.max_candidate_error_rate)
+    sets = {}
     for key, data_dir, split in (("holdout", new_data, "validation"),
                                  ("validation", original_data, "validation")):
-        images, names = _split_images(data_dir, split)
-        if not images:
+        sets[key] = _split_images(data_dir, split)
+        if not sets[key][0]:
             raise errors.UserError("%s: no %s images to judge the candidate by" % (
                 data_dir, split))
-        with _bar(config, "checking on %s" % key, 2 * len(images)) as bar:
-            report[key] = compare.labelled(images, names, serving.version_dir, candidate,
-                                           progress=bar.update)
+    total = 2 * sum(len(images) for images, _ in sets.values())
+    with _bar(config, "checking on the held-out labels and the validation split",
+              total) as bar:  # both models loaded once for both sets
+        report.update(compare.labelled_sets(sets, serving.version_dir, candidate,
+                                            progress=bar.update))
     holdout, validation = report["holdout"], report["validation"]
     gain = holdout["candidate_accuracy"] - holdout["baseline_accuracy"]
     if not gain > config.min_gain:
