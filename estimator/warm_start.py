@@ -176,7 +176,19 @@ def _log_warm_start(checkpoint_path, table):
 
 def apply_warm_start(config, spec):
     """Initialises the net's variables from config.checkpoint_path (warm_start_plan)
-    through their initialisers; returns the plan's table."""
+    through their initialisers; returns the plan's table.
+
+    Under a distribution strategy model_fn runs once per replica, where a mirrored
+    variable reads as that replica's copy ("<name>/replica_1": not in the checkpoint);
+    the warm start runs once, in cross-replica context, where each variable is the
+    mirrored one and its restore initialises every copy."""
+    replica = tf.distribute.get_replica_context()
+    if tf.distribute.has_strategy() and replica is not None:
+        return replica.merge_call(lambda _: _apply_warm_start(config, spec))
+    return _apply_warm_start(config, spec)
+
+
+def _apply_warm_start(config, spec):
     variables = _model_variables(spec)
     path, assignment, table = warm_start_plan(
         config.checkpoint_path, variables, config.checkpoint_exclude_scopes,
