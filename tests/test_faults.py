@@ -42,6 +42,9 @@ def test_killed_training_resumes_without_rewarming_and_exports(digits_data,
     command = ["slimserve.cli.train", "--data_dir", digits_data, "--model_dir", model_dir,
                "--checkpoint_path", pretrained, "--checkpoint_exclude_scopes",
                "resnet_v1_50/logits", "--image_size", IMAGE_SIZE, "--batch_size", 16,
+               # blocks 1-3 frozen, as a fine-tune does: 39 instead of 50 CPU seconds a run
+               "--freeze_scopes", "resnet_v1_50/conv1,resnet_v1_50/block1,"
+               "resnet_v1_50/block2,resnet_v1_50/block3",
                "--max_steps", 20, "--save_checkpoints_steps", 5, "--eval_throttle_secs", 600,
                "--batch_norm_decay", 0.9, "--optimizer", "adam", "--learning_rate", 1e-3,
                "--opt_epsilon", 1e-8, "--log_step_count_steps", 5, "--noverify_export",

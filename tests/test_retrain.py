@@ -295,6 +295,7 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         "--serving_weight", 0.5,
         "--distill_weight", 1.0, "--soup_seeds", 2, "--seed", 3,
         "--image_size", IMAGE_SIZE, "--max_steps", STEPS, "--batch_size", 32,
+        "--freeze_scopes", "resnet_v1_50/conv1,resnet_v1_50/block1,resnet_v1_50/block2",
         "--save_checkpoints_steps", STEPS, "--optimizer", "adam", "--learning_rate", 0.001,
         "--opt_epsilon", 1e-8, "--min_crop_area", 0.85, "--norandom_flip",
         "--eval_central_fraction", 1.0, "--moving_average_decay", 0.99,
