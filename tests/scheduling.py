@@ -40,7 +40,7 @@ COSTS = {
     "test_faults.py::test_killed_training_resumes_without_rewarming_and_exports": 62,
     "test_training_guards.py::test_exploding_loss_stops_training_with_an_error": 53,
     "test_tuner.py::test_small_grid_end_to_end_writes_flags_config_table_and_plot": 44,
-    "test_distributed.py::test_parameter_server_cluster_on_loopback_trains_to_completion": 36,
+    "test_distributed.py::test_parameter_server_cluster_on_loopback_trains_to_completion": 20,
     "test_acceleration.py::test_xla_compiles_a_training_step_on_cpu_and_computes_the_same": 12,
     "test_tuner.py::test_a_setting_that_breaks_agreement_is_rejected": 34,
     "test_model.py::test_frozen_weights_and_bn_statistics_stay_bit_identical": 32,

@@ -112,13 +112,15 @@ def _free_ports(count):
 
 
 @pytest.mark.slow
-def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data, tmp_path):
+def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data,
+                                                                  imagenet_checkpoint, tmp_path):
     chief, worker, ps = ["127.0.0.1:%d" % p for p in _free_ports(3)]
     cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
     model_dir = tmp_path / "cluster"
     args = [sys.executable, "-m", "slimserve.cli.train", "--data_dir", digits_data,
             "--model_dir", str(model_dir), "--max_steps", "12", "--save_checkpoints_steps",
-            "12", "--mode", "train",
+            "12", "--mode", "train", "--checkpoint_path", str(imagenet_checkpoint),
+            "--checkpoint_exclude_scopes", "resnet_v1_50/logits", "--freeze_scopes", FROZEN,
             "--verbosity", "1"] + [str(a) for a in COMMON]  # 1: TF's RunConfig dump is logged
     processes = {}
     logs = {}
@@ -131,16 +133,21 @@ def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data, 
             args + ["--num_summary_images", str(("ps", "worker", "chief").index(task_type))],
             env=env, cwd=ROOT, stdout=logs[task_type], stderr=subprocess.STDOUT)
     try:
-        assert processes["chief"].wait(timeout=600) == 0, _read(logs["chief"])
-        assert processes["worker"].wait(timeout=300) == 0, _read(logs["worker"])
+        assert processes["chief"].wait(timeout=600) == 0, _read(logs["chief"])[-5000:]
+        assert processes["worker"].wait(timeout=300) == 0, _read(logs["worker"])[-5000:]
     finally:
         for process in processes.values():
             if process.poll() is None:
                 process.kill()
-    assert tf.train.load_checkpoint(str(model_dir)).get_tensor("global_step") >= 12
+    trained = tf.train.load_checkpoint(str(model_dir))
+    assert trained.get_tensor("global_step") >= 12
+    # a fine-tune: the chief's warm start initialised the ps's variables, blocks 1-3 frozen
+    frozen = "resnet_v1_50/block3/unit_6/bottleneck_v1/conv2/weights"
+    assert np.array_equal(trained.get_tensor(frozen),
+                          tf.train.load_checkpoint(imagenet_checkpoint).get_tensor(frozen))
     chief_log = _read(logs["chief"])
     # --verbosity=1 brings back TensorFlow's INFO log, the RunConfig dump and all
-    assert "Using config" in chief_log, chief_log
+    assert "Using config" in chief_log, chief_log[-5000:]
     assert "'_num_ps_replicas': 1" in chief_log and "'_num_worker_replicas': 2" in chief_log
     # The run files are the chief's (--num_summary_images=2), never a worker's or the ps's.
     assert "--num_summary_images=2" in (model_dir / "flags.txt").read_text()
@@ -173,4 +180,4 @@ def test_only_the_chief_writes_run_files(monkeypatch):
 def _read(handle):
     handle.flush()
     handle.seek(0)
-    return handle.read()[-5000:]
+    return handle.read()
