@@ -296,7 +296,8 @@ def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         "--distill_weight", 1.0, "--soup_seeds", 2, "--seed", 3,
         "--image_size", IMAGE_SIZE, "--max_steps", STEPS, "--batch_size", 32,
         "--freeze_scopes", "resnet_v1_50/conv1,resnet_v1_50/block1,resnet_v1_50/block2",
-        "--save_checkpoints_steps", STEPS, "--optimizer", "adam", "--learning_rate", 0.001,
+        "--save_checkpoints_steps", STEPS, "--eval_steps", 2,  # the members' eval is a record
+        "--optimizer", "adam", "--learning_rate", 0.001,
         "--opt_epsilon", 1e-8, "--min_crop_area", 0.85, "--norandom_flip",
         "--eval_central_fraction", 1.0, "--moving_average_decay", 0.99,
         "--export_min_metric", "none", "--exports_to_keep", 1, "--noverify_export")
