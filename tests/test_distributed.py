@@ -86,7 +86,7 @@ def test_a_warm_start_under_mirroring_restores_every_replica_copy(imagenet_check
     copy: the warm start runs once, across replicas, and every copy holds the checkpoint's
     values (replica 1 looked for resnet_v1_50/conv1/weights/replica_1 in the checkpoint
     and the run failed)."""
-    checkpoint = imagenet_checkpoint  # a checkpoint prefix
+    checkpoint = imagenet_checkpoint
     process = subprocess.run([sys.executable, "-c", _MIRRORED_WARM_START, checkpoint],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr[-3000:]

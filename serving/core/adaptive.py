@@ -36,9 +36,8 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   their size's median: the plan in use's costs are always fresh, the other's as old as
   its last re-measurement, so when the machine slows the plan in use looks slower than
   a plan measured on a faster machine. When the model prefers the plan not in use, that
-  plan is measured again first (after CONFIRM_EVERY batches at that concurrency), and
-  the plan changes only when two re-measurements in a row prefer it (one comparison of
-  4 fresh batches can cross the margin by chance);
+  plan is measured again first (after CONFIRM_EVERY batches at that concurrency) and
+  the plan changes if the fresh costs still prefer it;
 - it runs at once when the queue holds the planned batch, or when every request in the
   system is already queued or running (nothing more can come: a lone request never
   waits);
@@ -336,8 +335,7 @@ class Learner:
         then to measure it again (after EXPLORE_EVERY batches at this concurrency, then
         twice as many each time the plan in use stayed, up to EXPLORE_MAX; after
         CONFIRM_EVERY when the model prefers it) and changing plans only when such a
-        re-measurement has just ended (both plans' costs fresh) and the one before it
-        preferred the same plan. One run at a
+        re-measurement has just ended (both plans' costs fresh). One run at a
         time only while it lasts less than `cap` (the bound): rows that arrive during it
         wait for it to end."""
         c = max(1, concurrency)
