@@ -288,9 +288,6 @@ class Learner:
         self._explored = {}  # concurrency -> batches run at its last re-measurement
         self._explore_every = {}  # concurrency -> batches until its next re-measurement
         self._measuring = {}  # concurrency -> True while its re-measurement is under way
-        # concurrency -> True once a re-measurement preferred the plan not in use: the
-        # next one must prefer it too before the plan changes
-        self._leaning = {}
         # Batches run per concurrency: the re-measurement intervals count only the batches
         # run at theirs (when the load alternates between 1 and 32 clients, the 1-client
         # batches must not bring the 32-client plan's re-measurement forward).
@@ -367,20 +364,10 @@ class Learner:
             self._explore_every.clear()
             self._batches_at.clear()
             self._measuring.clear()
-            self._leaning.clear()
         current = self._plans.get(c)
         # A re-measurement of the plan not in use has just ended: both plans' costs are
         # from the last few batches, so the comparison may change the plan.
         fresh = self._explore == 0 and self._measuring.pop(c, False)
-        if fresh and current is not None:
-            # Two re-measurements in a row must prefer the other plan: at 32x32 the two
-            # are within the margin, and one comparison of 4 fresh batches crossed it by
-            # chance (a flip costs a few dozen batches).
-            if best == current:
-                self._leaning.pop(c, None)
-            elif not self._leaning.pop(c, False):
-                self._leaning[c] = True
-                fresh = False
         if current is None or (best != current and fresh):
             if current is not None:  # the plan changed: re-measure the other one soon
                 self._explore_every[c] = EXPLORE_EVERY
