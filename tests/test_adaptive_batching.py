@@ -378,6 +378,74 @@ def test_a_machine_that_slows_does_not_flip_the_plan_on_stale_costs():
     assert learner._plans[32] == 1  # pylint: disable=protected-access
 
 
+def _lost_re_measurements(learner, batches):
+    """Runs `batches` batches at 32 clients in which the model keeps preferring two runs of
+    16 on old costs (after each re-measurement, runs of 16 as fast as the machine once
+    ran them are what it holds again) and every fresh re-measurement loses (runs of 32
+    at 70 ms, of 16 at 78 ms). -> the batch indices at which re-measurements began."""
+    starts, ended = [], False
+    for index in range(batches):
+        measuring = learner._explore > 0  # pylint: disable=protected-access
+        parallel, rows = learner.plan(32, 32, 2, cap=0.5)
+        if parallel == 2 and not measuring:
+            starts.append(index)
+        if ended:  # the fresh comparison is made: the old fast costs come back
+            learner.cost.refresh(16, overlapped=True)
+            for _ in range(3):
+                learner.cost.observe(16, 0.0615, overlapped=True)
+        learner.cost.observe(rows, 0.078 if parallel == 2 else 0.070,
+                             overlapped=parallel == 2)
+        learner.batches += 1
+        learner._batches_at[32] += 1  # pylint: disable=protected-access
+        learner._explore = max(0, learner._explore - 1)  # pylint: disable=protected-access
+        ended = parallel == 2 and not learner._explore  # pylint: disable=protected-access
+    return starts
+
+
+def test_a_plan_that_keeps_losing_its_re_measurements_is_measured_less_often():
+    """When the model keeps preferring the plan not in use on old costs (at 32x32 with 32
+    clients the two plans are within a few % and a run of 32 moves 45-67 ms with the
+    machine: one re-measurement every ~170 batches, most of them asked for this way) and
+    each fresh re-measurement keeps the plan in use, the next one asked for waits twice as
+    many batches, up to CONFIRM_MAX; the plan in use is still never left on old costs."""
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    for _ in range(adaptive.COST_SAMPLES):  # then the machine slows
+        learner.cost.observe(32, 0.070, overlapped=False)
+    starts = _lost_re_measurements(learner, 2000)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    every = adaptive.CONFIRM_EVERY
+    assert starts[0] == every
+    assert gaps[:3] == [2 * every, 4 * every, 8 * every]
+    assert max(gaps) == adaptive.CONFIRM_MAX
+    assert learner._plans[32] == 1  # pylint: disable=protected-access
+    # The doubling is what spaces them: with it off, one every CONFIRM_EVERY batches.
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    for _ in range(adaptive.COST_SAMPLES):  # then the machine slows
+        learner.cost.observe(32, 0.070, overlapped=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(adaptive, "CONFIRM_MAX", every)
+        often = _lost_re_measurements(learner, 2000)
+    assert len(often) > 3 * len(starts)
+
+
+def test_a_lasting_change_is_followed_after_lost_re_measurements():
+    """However many re-measurements the plan in use has won, a change that lasts (two runs
+    of 16 now clearly faster) is followed within CONFIRM_MAX batches, and the interval
+    starts again from CONFIRM_EVERY."""
+    learner = _learner_timed_like_32x32_over_grpc(0.006)
+    assert learner.plan(32, 32, 2, cap=0.5) == (1, 32)
+    for _ in range(adaptive.COST_SAMPLES):  # then the machine slows
+        learner.cost.observe(32, 0.070, overlapped=False)
+    _lost_re_measurements(learner, 1000)
+    assert learner._confirm_every[32] == adaptive.CONFIRM_MAX  # pylint: disable=protected-access
+    chosen = _batches(learner, adaptive.CONFIRM_MAX + adaptive.EXPLORE_BATCHES, 0.050, 0.070)
+    assert learner._plans[32] == 2  # pylint: disable=protected-access
+    assert chosen[-adaptive.EXPLORE_BATCHES:] == [2] * adaptive.EXPLORE_BATCHES
+    assert learner._confirm_every[32] == adaptive.CONFIRM_EVERY  # pylint: disable=protected-access
+
+
 def test_one_stalled_client_does_not_flip_the_plan():
     """The turnaround is the median of the recent idle times between runs: one client
     that stalls for 200 ms (a pause, a slow network) leaves one full run of 32 in use,

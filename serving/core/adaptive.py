@@ -73,8 +73,11 @@ EXPLORE_EVERY = 128  # batches before the first re-measurement of the plan not i
 EXPLORE_MAX = 2048  # ... and at most between two, once each has confirmed the plan in use
 EXPLORE_BATCHES = 4  # batches each re-measurement runs
 # Batches at a concurrency between two re-measurements asked for by the cost model
-# preferring the plan not in use on costs older than the plan in use's.
+# preferring the plan not in use on costs older than the plan in use's; twice as many
+# each time a re-measurement kept the plan in use, up to CONFIRM_MAX (back to
+# CONFIRM_EVERY when the plan changes).
 CONFIRM_EVERY = 32
+CONFIRM_MAX = 256
 SWITCH_MARGIN = 1.10  # two runs at a time must look this much faster than one
 GAP_SAMPLES = 31  # idle times between runs whose median is the turnaround estimate
 MAX_PARALLEL = 2  # runs of one kind at a time a plan may use
@@ -288,6 +291,7 @@ class Learner:
         self._explored = {}  # concurrency -> batches run at its last re-measurement
         self._explore_every = {}  # concurrency -> batches until its next re-measurement
         self._measuring = {}  # concurrency -> True while its re-measurement is under way
+        self._confirm_every = {}  # concurrency -> batches before a re-measurement asked for
         # Batches run per concurrency: the re-measurement intervals count only the batches
         # run at theirs (when the load alternates between 1 and 32 clients, the 1-client
         # batches must not bring the 32-client plan's re-measurement forward).
@@ -364,6 +368,7 @@ class Learner:
             self._explore_every.clear()
             self._batches_at.clear()
             self._measuring.clear()
+            self._confirm_every.clear()
         current = self._plans.get(c)
         # A re-measurement of the plan not in use has just ended: both plans' costs are
         # from the last few batches, so the comparison may change the plan.
@@ -372,14 +377,19 @@ class Learner:
             if current is not None:  # the plan changed: re-measure the other one soon
                 self._explore_every[c] = EXPLORE_EVERY
                 self._explored[c] = self._batches_at[c]
+                self._confirm_every[c] = CONFIRM_EVERY
             current = best
+        elif fresh:  # the plan in use won again: the model's preference was the noise's
+            self._confirm_every[c] = min(CONFIRM_MAX, 2 * self._confirm_every.get(
+                c, CONFIRM_EVERY))
         self._plans[c] = current
         choice = current
         every = self._explore_every.setdefault(c, EXPLORE_EVERY)
         since = self._batches_at[c] - self._explored.setdefault(c, self._batches_at[c])
         if self._explore > 0:
             choice = 3 - current
-        elif since >= every or (best != current and since >= CONFIRM_EVERY):
+        elif since >= every or (best != current and
+                                since >= self._confirm_every.get(c, CONFIRM_EVERY)):
             # Due, or the model prefers the other plan on costs older than the plan in
             # use's: measure it again before changing.
             if since >= every:
