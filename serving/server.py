@@ -160,6 +160,7 @@ def manager_options(options, settings):
         allow_version_labels_for_unavailable_models=(
             options.allow_version_labels_for_unavailable_models),
         error_hints=options.error_hints,
+        freeze_loaded_objects=options.freeze_loaded_objects,
         saved_model_tags=settings.saved_model_tags,
         session_config=session.session_config(options, settings),
         tflite=tflite_servable.TfLiteOptions(options.num_tflite_pools,

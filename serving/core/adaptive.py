@@ -36,8 +36,10 @@ more, choosing by the cost model (`AdaptivePolicy.decide`):
   their size's median: the plan in use's costs are always fresh, the other's as old as
   its last re-measurement, so when the machine slows the plan in use looks slower than
   a plan measured on a faster machine. When the model prefers the plan not in use, that
-  plan is measured again first (after CONFIRM_EVERY batches at that concurrency) and
-  the plan changes if the fresh costs still prefer it;
+  plan is measured again first (after CONFIRM_EVERY batches at that concurrency, then
+  twice as many each time a re-measurement kept the plan in use, up to CONFIRM_MAX: at
+  32x32 a run of 32 moves 45-67 ms with the machine, and such requests came every ~170
+  batches) and the plan changes if the fresh costs still prefer it;
 - it runs at once when the queue holds the planned batch, or when every request in the
   system is already queued or running (nothing more can come: a lone request never
   waits);
@@ -335,7 +337,8 @@ class Learner:
         side by side: docs/benchmarks.md), running the other for EXPLORE_BATCHES batches now and
         then to measure it again (after EXPLORE_EVERY batches at this concurrency, then
         twice as many each time the plan in use stayed, up to EXPLORE_MAX; after
-        CONFIRM_EVERY when the model prefers it) and changing plans only when such a
+        CONFIRM_EVERY when the model prefers it, doubled up to CONFIRM_MAX each time a
+        re-measurement kept the plan in use) and changing plans only when such a
         re-measurement has just ended (both plans' costs fresh). One run at a
         time only while it lasts less than `cap` (the bound): rows that arrive during it
         wait for it to end."""

@@ -40,9 +40,11 @@ def wait_until(condition, timeout=30.0, interval=0.02, message="condition"):
 
 def serve_in_process(served_models, **options):
     """A started in-process ModelServer for [ServedModel]: gRPC and REST on free ports
-    (rest_api_port=0 for none), file-system polling off unless given. `options` are
-    ServerOptions fields (the server's flag names)."""
+    (rest_api_port=0 for none), file-system polling off unless given, and the loaded
+    objects not frozen unless asked (it shares the process with the tests: core/heap.py).
+    `options` are ServerOptions fields (the server's flag names)."""
     options.setdefault("port", server_lib.PICK_FREE_PORT)
+    options.setdefault("freeze_loaded_objects", False)
     options.setdefault("rest_api_port", server_lib.PICK_FREE_PORT)
     options.setdefault("file_system_poll_wait_seconds", 0)
     return server_lib.ModelServer(model_server_config=served_models, **options).start()
