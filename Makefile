@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: demo flywheel-demo test bench bench-input bench-train bench-serve bench-bulk \
-	bench-warmup bench-flywheel soak clean tfserving-suite
+	bench-warmup bench-pauses bench-flywheel soak clean tfserving-suite
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
@@ -37,7 +37,7 @@ test: $(STAMP)
 	$(PY) -m compileall -q slimserve estimator export serving tests > /dev/null
 	TF_NUM_INTRAOP_THREADS=$(TEST_INTRAOP_THREADS) $(PY) -m pytest -n $(TEST_WORKERS)
 
-bench: bench-input bench-train bench-serve bench-bulk bench-warmup
+bench: bench-input bench-train bench-serve bench-bulk bench-warmup bench-pauses
 
 bench-input: $(STAMP)
 	$(PY) benchmarks/bench_input.py
@@ -53,6 +53,10 @@ bench-bulk: $(STAMP)
 
 bench-warmup: $(STAMP)
 	$(PY) benchmarks/bench_warmup.py
+
+# Python's full-collection pauses under load, with and without --freeze_loaded_objects.
+bench-pauses: $(STAMP)
+	$(PY) benchmarks/bench_collection_pauses.py
 
 # Drift's false alarm rate and detection delay (the flywheel demo's model when it exists).
 bench-flywheel: $(STAMP)

@@ -6,8 +6,9 @@ the GIL held: under 32 closed-loop clients at 32x32 it stopped every request han
 batch thread for 150-175 ms about every 17 s (docs/benchmarks.md). Those objects live as
 long as their version is served, so after a load the manager freezes what is tracked
 (`gc.freeze`: ignored by every later collection), and after an unload it thaws, collects
-the retired version's cycles (a graph is full of them) and freezes the rest again.
-Collections then only walk what requests allocate.
+the retired version's cycles (a graph is full of them) and freezes the rest again. A
+stopped manager thaws everything (`thaw`): nothing it froze outlives it, in a process
+that goes on. Collections then only walk what requests allocate.
 
 Only a server that owns its process does this (`ManagerOptions.freeze_loaded_objects`,
 the server's --freeze_loaded_objects): a library must not freeze its host's heap.
@@ -35,3 +36,11 @@ def release():
         gc.collect()
         gc.freeze()
         return gc.get_freeze_count()
+
+
+def thaw():
+    """After the manager stops: thaw everything and collect (the process goes on with
+    Python's default collection)."""
+    with _lock:
+        gc.unfreeze()
+        gc.collect()

@@ -578,7 +578,7 @@ class ModelManager:
             if pool is not None:
                 pool.shutdown(wait=True)
         if self.options.freeze_loaded_objects:
-            heap.release()  # the retired versions' objects, in a process that goes on
+            heap.thaw()  # the retired versions' objects, in a process that goes on
 
     # --- the request path ------------------------------------------------------------
 
