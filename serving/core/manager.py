@@ -386,7 +386,7 @@ class ModelManager:
                 return
             del servable
             if self.options.freeze_loaded_objects and not self._stop.is_set():
-                heap.release()  # (stop() releases once, after every unload)
+                heap.release()  # (stop() thaws once, after every unload)
             self.health.ok(UNLOADER)
             self._set_state(model.config.name, version, END)
 
