@@ -10,4 +10,11 @@ top-level folders and are installed under this package by setup.py:
 
 `slimserve.cli` holds the commands (absl flags, logging set-up) above the libraries, and
 `slimserve.conventions` the contract every package shares.
+
+Importing the package turns TensorFlow's oneDNN kernels on for every x86 CPU before
+TensorFlow loads (slimserve/cpu.py: TF 2.15 leaves them off on CPUs without
+AVX512_VNNI/BF16/AMX); a TF_ENABLE_ONEDNN_OPTS the user set wins.
 """
+from slimserve import cpu as _cpu
+
+_cpu.onednn_origin = _cpu.enable_onednn()
