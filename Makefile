@@ -34,6 +34,7 @@ TEST_WORKERS ?= 3
 # TensorFlow's choice.
 TEST_INTRAOP_THREADS ?= 1
 test: $(STAMP)
+	@bash scripts/test_tools.sh
 	$(PY) -m compileall -q slimserve estimator export serving tests > /dev/null
 	TF_NUM_INTRAOP_THREADS=$(TEST_INTRAOP_THREADS) $(PY) -m pytest -n $(TEST_WORKERS)
 

@@ -13,15 +13,57 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_SIZE = 32  # small enough for 2 cores, large enough for ResNet's five strides
 
 
-def run_cli(module, *args, check=True, timeout=900, env=None):
-    """Runs one of our command modules in a fresh interpreter, as a user would."""
-    process = subprocess.run([sys.executable, "-m", module] + [str(a) for a in args],
-                             capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                             env=env)
+# How long a command may print nothing before a test calls it hung, and its overall
+# ceiling. A test's time bound must hold on the slowest CPU these machines have (an
+# AVX2-only EPYC with TensorFlow's oneDNN off trains about 4x slower than an AMX Xeon), so
+# commands are judged by their progress, not by a wall-clock budget measured on one CPU:
+# training prints a progress line every 20 steps, conversion and bulk inference a bar.
+IDLE_SECONDS = 600
+CEILING_SECONDS = 3 * 3600
+
+
+def _pump(stream, chunks, activity):
+    for line in iter(stream.readline, ""):
+        chunks.append(line)
+        activity[0] = time.monotonic()
+    stream.close()
+
+
+def run_cli(module, *args, check=True, timeout=CEILING_SECONDS, env=None,
+            idle_timeout=IDLE_SECONDS):
+    """Runs one of our command modules in a fresh interpreter, as a user would ->
+    CompletedProcess. Fails the test (naming the command and its last words) when the
+    command prints nothing for `idle_timeout` seconds or runs past `timeout`."""
+    import threading  # pylint: disable=import-outside-toplevel
+    command = [sys.executable, "-m", module] + [str(a) for a in args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=ROOT, env=env)
+    activity, out, err = [time.monotonic()], [], []
+    pumps = [threading.Thread(target=_pump, args=(stream, chunks, activity), daemon=True)
+             for stream, chunks in ((process.stdout, out), (process.stderr, err))]
+    for pump in pumps:
+        pump.start()
+    started, hung = time.monotonic(), None
+    while process.poll() is None:
+        now = time.monotonic()
+        if now - activity[0] > idle_timeout:
+            hung = "printed nothing for %d s" % idle_timeout
+        elif now - started > timeout:
+            hung = "ran past its %d s ceiling" % timeout
+        if hung:
+            process.kill()
+            break
+        time.sleep(0.2)
+    process.wait()
+    for pump in pumps:
+        pump.join()
+    stdout, stderr = "".join(out), "".join(err)
+    if hung:
+        raise AssertionError("%s %s:\n%s\n%s" % (module, hung, stdout[-3000:], stderr[-6000:]))
     if check and process.returncode != 0:
         raise AssertionError("%s failed (%d):\n%s\n%s" % (
-            module, process.returncode, process.stdout[-3000:], process.stderr[-6000:]))
-    return process
+            module, process.returncode, stdout[-3000:], stderr[-6000:]))
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def start_server_process(args, prefix=(), timeout=300, **popen):
@@ -70,7 +112,7 @@ def rest_json(port, path, body=None, timeout=30):
 
 def require_tool(*names):
     """The path of the first of `names` on PATH. Missing, the test skips on a developer's
-    machine but fails under CI=true: .ci/run installs every tool a test needs (iproute2's
+    machine but fails under CI=true: `make test` installs every tool a test needs (iproute2's
     ss, Debian's chromium), so a skip there would hide a broken install step."""
     import shutil  # pylint: disable=import-outside-toplevel
     import pytest  # pylint: disable=import-outside-toplevel
@@ -78,7 +120,7 @@ def require_tool(*names):
         found = shutil.which(name)
         if found:
             return found
-    message = "needs %s (.ci/run installs it)" % " or ".join(names)
+    message = "needs %s (`make test` installs it: scripts/test_tools.sh)" % " or ".join(names)
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
