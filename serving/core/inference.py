@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from slimserve.serving.core import empty_batch
 from slimserve.serving.core import errors
 from slimserve.serving.core import shape_check
 from slimserve.serving.observability import request_window
@@ -193,7 +194,7 @@ class InferenceService:
     def __init__(self, manager, batcher=None, metrics=None,
                  max_request_elements=tensors.DEFAULT_MAX_REQUEST_ELEMENTS,
                  max_broadcast_elements=tensors.DEFAULT_MAX_BROADCAST_ELEMENTS,
-                 method_name_check=False, request_logs=None, window=None):
+                 method_name_check=False, request_logs=None, window=None, in_flight=None):
         """batcher: core/batching.py's Batcher (None: every request runs alone). metrics:
         observability/metrics.py's Metrics (None: not counted).
         max_request_elements / max_broadcast_elements: per-request element limits
@@ -202,7 +203,9 @@ class InferenceService:
         shaped like a classify / regress one serves Classify / Regress). request_logs:
         observability/request_logs.py's RequestLogs, whose get(model) is the model's
         request logger (None: nothing logged). window: the RequestWindow of the last
-        minute the status page shows (default: a new one)."""
+        minute the status page shows (default: a new one). in_flight: core/admission.py's
+        BytesInFlight every Predict, Classify, Regress and MultiInference is admitted
+        through (None: unbounded)."""
         self.manager = manager
         self.batcher = batcher
         self.metrics = metrics
@@ -211,6 +214,7 @@ class InferenceService:
         self.method_name_check = method_name_check
         self.request_logs = request_logs
         self.window = window if window is not None else request_window.RequestWindow()
+        self.in_flight = in_flight
         # The server's observability/drift_monitor.py DriftMonitor, whose last results
         # the status page shows (None: none).
         self.drift = None
@@ -248,6 +252,24 @@ class InferenceService:
                 self.metrics.observe(model or "?", api, status, seconds, call.version,
                                      call.signature, entrypoint)
             self.window.add(model or "?", call.version, api, seconds, status == "OK")
+
+    @contextlib.contextmanager
+    def admitted(self, wire_bytes, model, api, entrypoint="GRPC"):
+        """Holds a request's share of the bytes-in-flight budget while the block runs (the
+        request is decoded, run, answered and logged in it); a refusal is raised as
+        RESOURCE_EXHAUSTED before anything is decoded, and counted like any answer."""
+        if self.in_flight is None:
+            yield
+            return
+        try:
+            charge = self.in_flight.acquire(wire_bytes, "%s request" % api)
+        except errors.ServingError:
+            with self.observe(model, api, entrypoint):
+                raise
+        try:
+            yield
+        finally:
+            self.in_flight.release(charge)
 
     def log_request(self, model, api, build):
         """Hands a served request to the model's request logger, if it has one and samples
@@ -307,7 +329,10 @@ class InferenceService:
             check_feed_dtypes(servable, sig, feeds)
             output_keys = sorted(output_filter or sig.outputs)
             shape_check.check(servable, sig, feeds, output_keys)
-            outputs = self._run(servable, signature_name, sig, feeds, output_keys, deadline)
+            outputs = empty_batch.outputs_for_no_rows(sig, feeds, output_keys)
+            if outputs is None:
+                outputs = self._run(servable, signature_name, sig, feeds, output_keys,
+                                    deadline)
             return servable.version, signature_name, outputs
 
     def _with_defaults(self, sig, feeds):
