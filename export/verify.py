@@ -84,7 +84,11 @@ def check_embeddings(servable, images, export_dir):
 def bfloat16_parity(export_dir, images, reference):
     """{"bf16_argmax_agreement", "bf16_max_abs_probability_diff", "bf16_images"} of the
     export run as --mixed_precision=bfloat16 serves it, against `reference` (float32
-    probabilities of the same images)."""
+    probabilities of the same images); {"bf16_unavailable": why} where this process
+    cannot run the rewrite (compute.bfloat16_unavailable)."""
+    reason = compute.bfloat16_unavailable()
+    if reason:
+        return {"bf16_unavailable": reason}
     config = compute.enable_bfloat16(tf.compat.v1.ConfigProto(),
                                          "bfloat16 export parity")
     servable = servable_lib.Servable("verify-bf16", 0, export_dir, config)

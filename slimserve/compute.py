@@ -6,6 +6,7 @@ run_config.py's --precision and --xla), export verification and the server
 same way without importing each other.
 """
 import logging
+import os
 
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
@@ -25,10 +26,33 @@ FLOAT32 = "float32"  # what a session without the rewrite computes in
 pywrap_tf_session.TF_SetTfXlaCpuGlobalJit(True)
 
 
+def onednn_enabled():
+    """Whether this process's TensorFlow runs its oneDNN kernels (slimserve/cpu.py turns
+    them on for every x86 CPU; TF_ENABLE_ONEDNN_OPTS=0 keeps them off)."""
+    from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def bfloat16_unavailable():
+    """Why oneDNN's bfloat16 rewrite cannot run in this process (one line), or None. The
+    rewrite is a oneDNN pass: with oneDNN off TensorFlow skips it silently, and a
+    "bfloat16" run would compute in float32 while saying otherwise."""
+    if onednn_enabled() or tf.config.list_physical_devices("GPU"):
+        return None
+    return ("TensorFlow's oneDNN kernels are off here (%s=%s), and its bfloat16 rewrite "
+            "needs them" % (cpu.ONEDNN_VARIABLE, os.environ.get(cpu.ONEDNN_VARIABLE, "unset")))
+
+
 def enable_bfloat16(config, where="--mixed_precision=bfloat16"):
     """Turns on oneDNN's auto-mixed-precision rewrite in `config` (a ConfigProto): the
     graph's convolutions and matmuls run in bfloat16, variables stay float32. Warns when
-    the CPU has no native bf16 (oneDNN then only emulates it, slower than float32)."""
+    the CPU has no native bf16 (oneDNN then only emulates it, slower than float32). Where
+    the rewrite cannot run (bfloat16_unavailable) it says so in one line and leaves
+    `config` computing in float32, which precision() then reports."""
+    reason = bfloat16_unavailable()
+    if reason:
+        logging.warning("%s: %s; computing in float32", where, reason)
+        return config
     if cpu.cpu_supports_bf16() is False and not tf.config.list_physical_devices("GPU"):
         logging.warning("%s: this CPU has neither AVX512_BF16 nor AMX, so oneDNN only "
                         "emulates bfloat16; expect it to be slower than float32", where)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from slimserve import compute
 from slimserve.estimator import run_config
 from slimserve.estimator import schema
 from slimserve.estimator import splits
@@ -79,8 +80,9 @@ def _predict(export_dir, precision, images):
     return probabilities, bf16_ops
 
 
-@pytest.mark.skipif(not run_config.cpu_supports_bf16(),
-                    reason="this CPU has neither AVX512_BF16 nor AMX")
+@pytest.mark.skipif(not run_config.cpu_supports_bf16() or compute.bfloat16_unavailable(),
+                    reason="this CPU has neither AVX512_BF16 nor AMX, or oneDNN is off "
+                    "(tests/test_precision.py checks the line that says so)")
 def test_bf16_runs_convolutions_in_bfloat16_and_keeps_predictions(export_dir, digits_data):
     images = _validation_images(digits_data, 64)
     full, full_bf16_ops = _predict(export_dir, "fp32", images)

@@ -29,6 +29,30 @@ from slimserve.testing.servers import serve_in_process
 from tests.helpers import ROOT
 
 
+# What bulk inference promises whatever the batches it forms (local, Beam, served): the
+# same rows in the same order, the same classes, and probabilities within this absolute
+# tolerance. Not the same float bits: oneDNN's kernels (on on every x86 CPU) sum in an
+# order that depends on the batch (relative 1.2e-5 seen on an AVX2 EPYC).
+PROBABILITY_TOLERANCE = 1e-4
+
+
+def assert_same_row(got, expected):
+    """Rows equal in all but float bits: the same class, top-k probabilities within
+    PROBABILITY_TOLERANCE, and the same top-k classes except where two of them are a
+    near-tie that a batch may order either way."""
+    strip = lambda row: {k: v for k, v in row.items() if k != "top_k"}  # noqa: E731
+    assert strip(got) == strip(expected)
+    got_top, expected_top = got.get("top_k", []), expected.get("top_k", [])
+    probabilities = [t["probability"] for t in expected_top]
+    np.testing.assert_allclose([t["probability"] for t in got_top], probabilities, rtol=0,
+                               atol=PROBABILITY_TOLERANCE)
+    for i, (mine, theirs) in enumerate(zip(got_top, expected_top)):
+        gaps = [abs(probabilities[i] - probabilities[j]) for j in (i - 1, i + 1)
+                if 0 <= j < len(probabilities)]
+        if min(gaps, default=1.0) > 2 * PROBABILITY_TOLERANCE:
+            assert mine["class_id"] == theirs["class_id"], (got, expected)
+
+
 def read_rows(path):
     with open(path) as handle:
         return {row["path"]: row for row in map(json.loads, handle)}
@@ -68,7 +92,7 @@ def test_bulk_equals_served_predictions_and_estimator_accuracy(
                 assert row["class_name"] == served["class_names"][i].decode()
                 best = np.sort(served["probabilities"][i])[::-1][:3]
                 np.testing.assert_allclose([t["probability"] for t in row["top_k"]], best,
-                                           rtol=1e-5, atol=1e-6)
+                                           rtol=0, atol=PROBABILITY_TOLERANCE)
     finally:
         client.close()
         server.stop()
@@ -129,7 +153,8 @@ def test_corrupt_images_give_error_rows_not_failed_batches(
         if "error" not in row:
             assert row["class_id"] == alone[path]["class_id"]
             np.testing.assert_allclose(row["top_k"][0]["probability"],
-                                       alone[path]["top_k"][0]["probability"], rtol=1e-5)
+                                       alone[path]["top_k"][0]["probability"], rtol=0,
+                                       atol=PROBABILITY_TOLERANCE)
     listed = tmp_path / "list.csv"  # a CSV of path,label; relative paths from the CSV
     chosen = [truncated] + sorted(p for p in rows if p != truncated and p != text)[:3]
     listed.write_text("path,label\n" + "".join(
@@ -139,7 +164,7 @@ def test_corrupt_images_give_error_rows_not_failed_batches(
     csv_rows = read_rows(from_csv)
     assert [os.path.normpath(p) for p in csv_rows] == chosen
     for path, row in csv_rows.items():
-        assert row == rows[os.path.normpath(path)] | {"path": path}
+        assert_same_row(row, rows[os.path.normpath(path)] | {"path": path})
     png = str(tmp_path / "confusion.png")
     bulk_report.write_summary(summary, str(tmp_path / "summary.json"), png)
     with open(png, "rb") as handle:
@@ -161,7 +186,8 @@ def test_beam_runinference_gives_the_local_rows(folder_with_corrupt_image, expor
         assert beam_rows[path].get("class_id") == row.get("class_id"), path
         if "top_k" in row:
             np.testing.assert_allclose([t["probability"] for t in beam_rows[path]["top_k"]],
-                                       [t["probability"] for t in row["top_k"]], rtol=1e-5)
+                                       [t["probability"] for t in row["top_k"]], rtol=0,
+                                       atol=PROBABILITY_TOLERANCE)
 
 
 def test_model_version_and_missing_input_are_named(export_dir, tmp_path):
