@@ -210,6 +210,13 @@ class ServerOptions:
         tensors.DEFAULT_MAX_BROADCAST_ELEMENTS, "Largest tensor a TensorProto may fill from fewer "
         "values than its shape has elements (TF's rule: last value repeated, zeros when "
         "none).", limits.ELEMENTS_OR_ZERO, slimserve_only=True)
+    max_request_bytes_in_flight: int = _flag(
+        0, "Bytes of requests (Predict, Classify, Regress, MultiInference; gRPC and REST, "
+        "by wire size) the server works on at once, each charged 4x for the copies it holds "
+        "while it runs; past it a request is answered RESOURCE_EXHAUSTED at once. 0: a "
+        "quarter of the memory the process may still take when it starts (its address-"
+        "space and cgroup limits, the machine's available memory).", limits.BYTES_OR_ZERO,
+        slimserve_only=True)
     # --- request logging (a model's logging_config) ---------------------------------------
     request_log_dir: str = _flag(
         "", "Directory every request log is written under: a logging_config's "

@@ -33,6 +33,7 @@ from slimserve.serving.config import model_config
 from slimserve.serving.config import platform
 from slimserve.serving.config import poller
 from slimserve.serving.config import session
+from slimserve.serving.core import admission
 from slimserve.serving.core import batching as batching_lib
 from slimserve.serving.core import errors
 from slimserve.serving.core import health as health_lib
@@ -285,7 +286,8 @@ class ModelServer:
             options.max_broadcast_elements,
             method_name_check=options.enable_signature_method_name_check,
             request_logs=self.request_logs,
-            window=request_window.RequestWindow(label=self.metrics.model_label))
+            window=request_window.RequestWindow(label=self.metrics.model_label),
+            in_flight=self._bytes_in_flight(options))
         self.metrics.add_collector(self.request_logs.families)
         self.metrics.add_collector(lambda: [metrics_lib.model_runtime_family(self.manager)])
         if self.batcher is not None:
@@ -334,6 +336,14 @@ class ModelServer:
                                                options.rest_api_port,
                                                error.strerror or error)) from None
             self.rest_api_port = self._rest.port
+
+    @staticmethod
+    def _bytes_in_flight(options):
+        budget = options.max_request_bytes_in_flight or admission.default_budget()
+        logging.info("Requests in flight: at most %d MiB (--max_request_bytes_in_flight%s)",
+                     budget >> 20, "" if options.max_request_bytes_in_flight else
+                     ": a quarter of the memory this process may still take")
+        return admission.BytesInFlight(budget)
 
     def _grpc_server(self, options, channel_arguments):
         """The gRPC server with every service the options ask for (not yet bound)."""

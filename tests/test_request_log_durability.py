@@ -278,9 +278,12 @@ def test_flush_on_sigusr1_and_records_survive_kill_9(tmp_path):
 
 
 def test_large_logged_requests_from_six_clients_do_not_kill_the_server(tmp_path):
-    """Valid 30 MiB Predicts logged at sampling 1.0 from 6 clients: the queue's byte bound
-    drops (and counts) what the writer cannot keep up with, instead of holding every
-    request until the process dies (it did: SIGSEGV under this cap)."""
+    """Valid 30 MiB Predicts logged at sampling 1.0 from 6 clients against a server capped
+    at 4 GiB of address space: the bytes of requests in flight are bounded before they are
+    decoded (RESOURCE_EXHAUSTED past the budget, serving/core/admission.py) and the log
+    queue's byte bound drops (and counts) what the writer cannot keep up with, so the
+    server lives on any CPU (it died with SIGSEGV under this cap, first with no bound at
+    all, then on an AVX2-only EPYC with only the queue's)."""
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base, 1)
     config = _config(tmp_path, base, str(tmp_path / "logs" / "tiny"))
@@ -306,14 +309,18 @@ def test_large_logged_requests_from_six_clients_do_not_kill_the_server(tmp_path)
 
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
                 answers = list(pool.map(one, range(48)))
-        assert process.poll() is None, "server died (%s)" % process.poll()
-        assert answers == [1] * 48, set(map(str, answers))
+            assert process.poll() is None, "server died (%s)" % process.poll()
+            refused = answers.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert answers.count(1) + refused == 48, set(map(str, answers))
+            assert answers.count(1) > 0
+            assert predict(request, timeout=300).model_spec.version.value == 1  # after
         url = "http://127.0.0.1:%d%s" % (rest_port, metrics_lib.PATH)
         with urllib.request.urlopen(url, timeout=60) as response:
             text = response.read().decode()
         counts = {s.labels["status_code"]: s.value
                   for f in parser.text_string_to_metric_families(text)
                   if f.name == metrics_lib.REQUEST_LOG_COUNT for s in f.samples}
-        assert counts["RESOURCE_EXHAUSTED"] > 0 and counts["OK"] > 0, counts
+        assert counts["OK"] > 0, counts
+        assert refused + counts["RESOURCE_EXHAUSTED"] > 0, (refused, counts)  # a bound acted
     finally:
         stop_process(process, timeout=60)

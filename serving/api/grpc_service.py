@@ -57,6 +57,28 @@ def _internal_errors(method):
     return wrapped
 
 
+def _admitted(api):
+    """Admits the request through the server's bytes-in-flight budget (by its wire size,
+    before anything of it is decoded) for as long as the method runs; a refusal answers
+    RESOURCE_EXHAUSTED (core/admission.py)."""
+    import functools  # pylint: disable=import-outside-toplevel
+
+    def decorate(method):
+        @functools.wraps(method)
+        def wrapped(self, request, context):
+            spec = getattr(request, "model_spec", None)
+            if spec is None and getattr(request, "tasks", None):
+                spec = request.tasks[0].model_spec
+            try:
+                with self._service.admitted(request.ByteSize(), spec.name if spec else "",
+                                            api):
+                    return method(self, request, context)
+            except errors.ServingError as error:
+                return _abort(context, error)
+        return wrapped
+    return decorate
+
+
 def _aborted(context):
     """Whether context.abort already ended the call (grpc's context marks its state; the
     in-process stand-in keeps the code it was given)."""
@@ -100,6 +122,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._service.log_request(name, api, lambda: (request, response, model_spec))
 
     @_internal_errors
+    @_admitted("predict")
     def Predict(self, request, context):  # noqa: N802  (gRPC method name)
         name, version, label = model_spec_args(request.model_spec)
         try:
@@ -142,6 +165,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return name, version, sig_name, results
 
     @_internal_errors
+    @_admitted("classify")
     def Classify(self, request, context):  # noqa: N802
         try:
             name, version, sig_name, (classes, scores) = self._on_examples(
@@ -155,6 +179,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @_internal_errors
+    @_admitted("regress")
     def Regress(self, request, context):  # noqa: N802
         try:
             name, version, sig_name, (outputs,) = self._on_examples("regress", request, context)
@@ -168,6 +193,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @_internal_errors
+    @_admitted("multi_inference")
     def MultiInference(self, request, context):  # noqa: N802
         first = request.tasks[0].model_spec if request.tasks else None
         name, version, label = model_spec_args(first) if first else ("", None, None)

@@ -177,7 +177,8 @@ class RestApi:
             if handler is None:
                 raise malformed
             deadline = deadlines.Deadline.after_ms(self._timeout_ms, self._timeout_source)
-            with self._service.observe(name, verb, "REST") as call:
+            with self._service.admitted(len(body or b""), name, verb, "REST"), \
+                    self._service.observe(name, verb, "REST") as call:
                 return handler(name, version, label, rest_json.parse_body(body), call,
                                deadline)
         if method == "GET":
