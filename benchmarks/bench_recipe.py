@@ -217,4 +217,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from slimserve import cpu  # pylint: disable=g-import-not-at-top
+    print(cpu.describe(), flush=True)  # a figure of speed means little without its CPU
     main()

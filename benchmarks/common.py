@@ -9,6 +9,12 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 WORK = os.path.join(ROOT, "bench_out")
 
+# Every benchmark imports this module first: a figure of speed means little without the
+# CPU it ran on (model, AVX-512 / bf16 / AMX flags, TensorFlow's oneDNN switch), and these
+# machines vary (AMX Xeons, AVX-512 and AVX2-only EPYCs).
+from slimserve import cpu  # noqa: E402  pylint: disable=wrong-import-position
+print(cpu.describe(), flush=True)
+
 
 def work_dir(name):
     path = os.path.join(WORK, name)

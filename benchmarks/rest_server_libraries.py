@@ -122,4 +122,6 @@ def main():
 
 
 if __name__ == "__main__":
+    from slimserve import cpu  # pylint: disable=g-import-not-at-top
+    print(cpu.describe(), flush=True)  # a figure of speed means little without its CPU
     sys.exit(main())
