@@ -172,16 +172,20 @@ def test_all_signatures_agree_and_classify_reads_validation_examples(export_dir,
 
 def test_a_tensorflow_only_process_reproduces_the_probabilities(export_dir, digits_data,
                                                                  tmp_path):
+    """The SavedModel needs TensorFlow alone: a process that never imports slimserve (the
+    guard fails the child if it did; it would with a `import slimserve` line) computes the
+    same probabilities. The child inherits this process's TF_ENABLE_ONEDNN_OPTS, so both
+    run the same kernels."""
     images = [_encoded(e) for e in _validation_examples(digits_data, 6)]
     np.save(tmp_path / "images.npy", np.array(images, dtype=object))
     script = """
 import sys, numpy as np, tensorflow as tf
-assert not any(m.split('.')[0] in ('estimator', 'export', 'serving') for m in sys.modules)
+assert not [m for m in sys.modules if m.split('.')[0] in ('slimserve', 'estimator', 'export', 'serving')], 'slimserve was imported'
 images = np.load(sys.argv[2], allow_pickle=True)
 loaded = tf.saved_model.load(sys.argv[1])
 out = loaded.signatures['serving_default'](image_bytes=tf.constant(list(images)))
 np.save(sys.argv[3], out['probabilities'].numpy())
-assert not any(m.split('.')[0] in ('estimator', 'export', 'serving') for m in sys.modules)
+assert not [m for m in sys.modules if m.split('.')[0] in ('slimserve', 'estimator', 'export', 'serving')], 'slimserve was imported'
 """
     subprocess.run([sys.executable, "-c", script, export_dir, str(tmp_path / "images.npy"),
                     str(tmp_path / "out.npy")], check=True, cwd=str(tmp_path),
