@@ -18,6 +18,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve.estimator import dataset
 from slimserve.estimator import merge
+from slimserve.estimator import run_lock
 from slimserve.estimator import schema
 from slimserve.estimator import splits
 from slimserve.serving.config import files
@@ -266,6 +267,31 @@ def test_command_errors_are_one_line(tmp_path, served, drift_model):
                          "--model_config_file", config_file, "--serving_version", 5)
     assert result.code == 1 and "has no version 5" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_second_retrain_on_one_model_dir_is_refused_before_it_writes(
+        tmp_path, served, drift_model, labelled):
+    """The first run holds its locks while it trains (this test process holds them, as
+    that run would): the second is refused before it converts anything, so the first
+    run's held-out labels stay the ones it judges its candidate by."""
+    _, config_file = served
+    _, tree = labelled
+    run = tmp_path / "run"
+    held_out = run / "retrain" / "new_labels"
+    held_out.mkdir(parents=True)
+    (held_out / "validation-00000-of-00001").write_bytes(b"the first run's held-out labels")
+    with run_lock.RunLock.for_retrain(str(run)), run_lock.RunLock(str(run)):
+        result = run_command(
+            "slimserve.cli.retrain", "--labels_dir", tree, "--model_config_file", config_file,
+            "--data_dir", os.path.join(os.path.dirname(drift_model), "data-1"),
+            "--model_dir", run, "--noprogress")
+    assert result.code == 1, result.output
+    assert "%s is held by another retrain, pid %d" % (
+        run / run_lock.RETRAIN_LOCK_FILE, os.getpid()) in result.stderr
+    assert os.listdir(held_out) == ["validation-00000-of-00001"]
+    assert (held_out / "validation-00000-of-00001").read_bytes() == \
+        b"the first run's held-out labels"
+    assert sorted(os.listdir(run)) == ["retrain"]  # the locks released, nothing added
 
 
 STEPS = 8  # each of the soup's two fine-tunes: enough to move the weights apart

@@ -336,9 +336,7 @@ def publish(config, serving, candidate):
 def main(config, args):
     if args:
         raise errors.UserError("unexpected arguments: %s" % " ".join(args))
-    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
-    from slimserve.estimator import merge  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import outputs  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import run_lock  # pylint: disable=import-outside-toplevel
     if config.publish and not config.model_config_file:
         raise errors.UserError("--model_config_file is needed to publish under the canary "
                                "label (or pass --nopublish to check only)")
@@ -346,6 +344,23 @@ def main(config, args):
         raise errors.UserError("--promote needs --publish")
     if not os.path.isdir(config.labels_dir):
         raise errors.UserError("--labels_dir %s is not a folder" % config.labels_dir)
+    model_dir = config.train.run.model_dir
+    # One retrain per --model_dir, refused before anything is written there: a second
+    # one would replace the held-out labels the first judges its candidate by.
+    with errors.writing(model_dir, "--model_dir"):
+        lock = run_lock.RunLock.for_retrain(model_dir, config.train.guards.force_unlock)
+        lock.acquire()
+    try:
+        return _locked_main(config)
+    finally:
+        lock.release()
+
+
+def _locked_main(config):
+    """main() once the retrain lock of --model_dir is held."""
+    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import merge  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import outputs  # pylint: disable=import-outside-toplevel
     serving = _serving(config)
     original = config.train.data.data_dir
     model_dir = config.train.run.model_dir
