@@ -3,7 +3,9 @@
 Training locks its model_dir (`<model_dir>/train.lock`): two trainers on one model_dir
 both ran and interleaved their checkpoints. The converter locks its output_dir
 (`<output_dir>/.convert.lock`, `for_output_dir`): two conversions into one folder
-published a mixed data set. The lock file holds the holder's host, pid, process start
+published a mixed data set. A retrain locks its model_dir for the whole run
+(`<model_dir>/retrain.lock`, `for_retrain`), taken before it writes anything: a second
+retrain replaced the first's held-out labels while the first trained. The lock file holds the holder's host, pid, process start
 time and start date, so the second run's error names who holds it. A lock whose holder is
 gone is stale:
 - same host, and that pid is not running (or is a newer process with the same pid):
@@ -24,6 +26,7 @@ from slimserve import errors
 
 LOCK_FILE = "train.lock"
 CONVERT_LOCK_FILE = ".convert.lock"  # hidden, as .partial: the folder lists data only
+RETRAIN_LOCK_FILE = "retrain.lock"
 
 
 class LockedError(errors.UserError):
@@ -89,6 +92,15 @@ class RunLock:
         """The converter's lock on its --output_dir."""
         return cls(output_dir, force, CONVERT_LOCK_FILE, "conversion", "--output_dir",
                    "two conversions into one --output_dir publish a mixed data set")
+
+    @classmethod
+    def for_retrain(cls, model_dir, force=False):
+        """slimserve-retrain's lock on its --model_dir, held from before its first write
+        (the new labels converted, the held-out part among them) to its report; the
+        fine-tune inside takes the trainer's own lock as well."""
+        return cls(model_dir, force, RETRAIN_LOCK_FILE, "retrain", "--model_dir",
+                   "two retrains on one --model_dir replace each other's held-out labels "
+                   "and data while one trains")
 
     def _holder(self):
         try:

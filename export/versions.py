@@ -165,22 +165,95 @@ def publish(export_base, version, temp_dir):
     return final_dir
 
 
+def _copy_tree(source_dir, temp_dir):
+    """Copies the version `source_dir` into this writer's claimed `temp_dir`."""
+    if _is_local(source_dir) and _is_local(temp_dir):
+        shutil.copytree(source_dir, temp_dir, dirs_exist_ok=True)
+        return
+    gfile = _gfile()
+    for root, _, files in gfile.walk(source_dir):
+        target = os.path.join(temp_dir, os.path.relpath(root, source_dir))
+        gfile.makedirs(target)
+        for name in files:
+            gfile.copy(os.path.join(root, name), os.path.join(target, name), True)
+
+
 def copy_version(source_dir, export_base):
     """Publishes a copy of the published version `source_dir` as a new version of
     `export_base` (claimed and published as every export is); returns its directory. The
     final exporter uses it when the best exporter already wrote the same checkpoint."""
     version, temp_dir = claim_version(export_base)
-    gfile = None if _is_local(source_dir) and _is_local(export_base) else _gfile()
     try:
-        if gfile is None:
-            shutil.copytree(source_dir, temp_dir, dirs_exist_ok=True)
-        else:
-            for root, _, files in gfile.walk(source_dir):
-                target = os.path.join(temp_dir, os.path.relpath(root, source_dir))
-                gfile.makedirs(target)
-                for name in files:
-                    gfile.copy(os.path.join(root, name), os.path.join(target, name), True)
+        _copy_tree(source_dir, temp_dir)
         return publish(export_base, version, temp_dir)
+    except BaseException:
+        discard(temp_dir)
+        raise
+
+
+class VersionsChanged(errors.UserError):
+    """The base path's versions are not those the run read: someone added or removed one."""
+
+
+def check_versions_unchanged(export_base, expected, flag="--model_base_path"):
+    """VersionsChanged, naming the versions added and removed, unless `export_base`
+    publishes exactly the versions `expected` (what the caller listed at its start)."""
+    now, before = set(list_versions(export_base)), set(expected)
+    if now == before:
+        return
+    changes = []
+    if now - before:
+        changes.append("added %s" % ", ".join(map(str, sorted(now - before))))
+    if before - now:
+        changes.append("removed %s" % ", ".join(map(str, sorted(before - now))))
+    raise VersionsChanged("%s %s: its versions changed since this run read them (%s); "
+                          "nothing was published: run again to publish on top of them"
+                          % (flag, export_base, "; ".join(changes)))
+
+
+def publish_announced(export_base, source_dir, expected_versions, announce,
+                      flag="--model_base_path"):
+    """Publishes a copy of the version `source_dir` as a new version of `export_base`
+    that is announced (labelled in the model config) before any server can load it,
+    or refuses and leaves nothing servable. Returns (version, its directory).
+
+    announce(version) prepares the announcement and returns it: an object whose checks
+    are all done (the model config is what the caller read, and writable) and whose new
+    text is already written beside the config, with commit(), discard() and revert()
+    (serving/config/model_config.py PendingLabels). In order:
+    1. the copy is written under `.tmp-<version>` (claim_version): servers ignore it;
+    2. announce(version): a refusal leaves nothing (the temporary is removed);
+    3. the versions of `export_base` must still be `expected_versions` (what the caller
+       listed at its start): one added or removed meanwhile refuses (VersionsChanged);
+    4. commit(): the config, checked once more, renamed over the old one;
+    5. `.tmp-<version>` renamed to `<version>`: only now can a server load it, and the
+       config it reads already names it. If this rename fails, 4 is reverted (unless
+       the config changed again since).
+    A crash before 4 leaves a `.tmp-` (removed by the next writer: its owner is dead);
+    between 4 and 5, a config naming a version not there yet: servers keep serving what
+    they served (TF Serving and slimserve refuse a label of a version that is not
+    available, and the specific policy keeps the old versions). At no point is there a
+    version on disk without its label. A server that has not read the new config when
+    the version appears (its config poll slower than its file-system poll) still runs
+    its old policy: under `latest` it loads the version unlabelled until it reads the
+    config; a model published this way should be served with a `specific` policy (the
+    first publish writes one)."""
+    version, temp_dir = claim_version(export_base)
+    try:
+        _copy_tree(source_dir, temp_dir)
+        pending = announce(version)
+        try:
+            check_versions_unchanged(export_base, expected_versions, flag)
+            pending.commit()
+        except BaseException:
+            pending.discard()
+            raise
+        try:
+            final = publish(export_base, version, temp_dir)
+        except BaseException:
+            pending.revert()
+            raise
+        return version, final
     except BaseException:
         discard(temp_dir)
         raise

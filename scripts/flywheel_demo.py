@@ -130,9 +130,15 @@ def label_with_page(candidates, output_dir, base, truth, logged, timings, name):
         jar = http.cookiejar.CookieJar()
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar),
                                              _NoRedirect)
-        labelled = 0
+        labelled, jar_had_cookie = 0, False
         while True:
-            html = opener.open(url + "/?view=grid", timeout=60).read().decode()
+            try:
+                html = opener.open(url + "/?view=grid", timeout=60).read().decode()
+            except urllib.error.HTTPError as answer:
+                if answer.code != 303 or jar_had_cookie:
+                    raise
+                jar_had_cookie = True  # the page set its session cookie: ask again
+                continue
             cards = _CARD.findall(html)
             if not cards:
                 break

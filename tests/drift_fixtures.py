@@ -50,3 +50,55 @@ def drift_logs(tmp_path_factory, drift_model, traffic_images):
                                               os.path.join(folder, "shift", MODEL),
                                               plain + inverted),
     }
+
+
+def write_foreign_records(directory, prefix):
+    """Two TFRecord files another program could have left where request logs are (named
+    `<prefix>-zz-...`: after every log file, so read first as the newest): tf.Example
+    records (they parse as an empty PredictionLog) and plain text records (they do not
+    parse at all). Returns their paths."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    examples = os.path.join(directory, prefix + "-zz-examples.tfrecord")
+    with tf.io.TFRecordWriter(examples) as writer:
+        for label in range(3):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "image/class/label": tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
+    text = os.path.join(directory, prefix + "-zz-text.tfrecord")
+    with tf.io.TFRecordWriter(text) as writer:
+        for line in ("hello, world", "not a request"):
+            writer.write(line.encode())
+    return [examples, text]
+
+
+def write_claiming_record(directory, prefix, claimed=1 << 40):
+    """A request log file (named `<prefix>-zz-...`: read first as the newest) of one
+    record of MODEL version 1 whose image_bytes and probabilities claim `claimed` images
+    by their shapes and hold one. Returns its path."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow_serving.apis import prediction_log_pb2  # pylint: disable=import-outside-toplevel
+    log = prediction_log_pb2.PredictionLog()
+    log.log_metadata.model_spec.name = MODEL
+    log.log_metadata.model_spec.version.value = 1
+    log.predict_log.request.model_spec.name = MODEL
+    images = log.predict_log.request.inputs["image_bytes"]
+    images.dtype = tf.string.as_datatype_enum
+    images.tensor_shape.dim.add(size=claimed)
+    images.string_val.append(b"\x89PNG")
+    probabilities = log.predict_log.response.outputs["probabilities"]
+    probabilities.dtype = tf.float32.as_datatype_enum
+    probabilities.tensor_shape.dim.add(size=claimed)
+    probabilities.tensor_shape.dim.add(size=10)
+    probabilities.float_val.append(0.1)
+    path = os.path.join(directory, prefix + "-zz-claims.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        writer.write(log.SerializeToString())
+    return path
+
+
+def write_damaged_file(directory, prefix):
+    """A log file damaged at its first record (`<prefix>-zz-...`). Returns its path."""
+    path = os.path.join(directory, prefix + "-zz-damaged.tfrecord")
+    with open(path, "wb") as handle:
+        handle.write(b"\x10" + b"\x00" * 7 + b"bad!" + b"not a record" * 20)
+    return path

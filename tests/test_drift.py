@@ -3,8 +3,10 @@ shift flagged at most at the stated rate), the streaming reader over real reques
 slimserve-drift's command-line contract (one line per statistic, `drift: yes|no` last,
 exit 0 either way and 1 on an error, report.json's keys), its candidates for the
 labelling page, and its files whole or absent on a full disk or a kill -9."""
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +22,9 @@ from slimserve.serving.tools import label_candidates
 from slimserve.testing import digits_traffic
 from slimserve.testing.commands import run_command
 from tests.drift_fixtures import (MODEL, SHIFTED, UNSHIFTED, drift_logs,  # noqa: F401
-                                  drift_model, drift_parts, traffic_images)
+                                  drift_model, drift_parts, traffic_images,
+                                  write_claiming_record, write_damaged_file,
+                                  write_foreign_records)
 from tests.helpers import ROOT
 
 WINDOW = 60
@@ -187,12 +191,16 @@ def test_a_version_without_reference_serves_and_drift_says_so(drift_model, drift
     shutil.rmtree(reference_lib.directory(str(base / "1")))
     result = _drift("--logs", drift_logs["unshifted"], "--model_base_path", base,
                     "--output_dir", tmp_path / "out")
-    assert result.code == 0, result.output
+    # Nothing could be computed: no evidence of no drift, so it cannot say "no".
+    assert result.code == 1, result.output
     lines = result.stdout.strip().splitlines()
-    assert lines[-1] == "drift: no" and len(lines) == 5
+    assert lines[-1] == "drift: unknown" and len(lines) == 5
     assert all("has no reference" in line for line in lines[:4])
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "slimserve-drift: could not tell whether the traffic drifts: class_prior not "
+        "computed (version 1 has no reference")
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["drift"] is False and report["reference"] is None
+    assert report["drift"] is None and report["reference"] is None
 
 
 @pytest.mark.parametrize("args, message", [
@@ -379,3 +387,69 @@ def test_slimserve_label_offers_drifts_candidates_with_the_reference_examples(
     assert "assets.extra/reference/examples" in notes[2]
     assert sorted(page.examples) == list(range(10))
     assert all(len(shown) == 3 for shown in page.examples.values())
+
+
+def test_another_programs_tfrecords_among_the_logs_are_named_skips(drift_model, drift_logs,
+                                                                    tmp_path):
+    """slimserve-drift, -label and -compare read request logs through one reader: a file
+    of tf.Example records and one of text records matched by --logs are each counted and
+    named, never a traceback; with nothing else to read, one line names them."""
+    from slimserve import fields  # pylint: disable=import-outside-toplevel
+    from slimserve.cli import label as label_cli  # pylint: disable=import-outside-toplevel
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for path in glob.glob(drift_logs["unshifted"]):
+        shutil.copy(path, logs)
+    foreign = write_foreign_records(str(logs), MODEL)
+    pattern = str(logs / (MODEL + "*"))
+    result = _drift("--logs", pattern, "--model_base_path", drift_model, "--output_dir",
+                    tmp_path / "drift")
+    assert result.code == 0 and "Traceback" not in result.output, result.output
+    report = json.loads((tmp_path / "drift" / "report.json").read_text())
+    assert report["images"] == UNSHIFTED
+    assert report["skipped"][label_candidates.FOREIGN] == 2
+    assert sorted(f["log"] for f in report["skipped_files"]) == sorted(foreign)
+    page, _, notes = label_cli.prepare(fields.check(label_cli.LabelConfig(
+        logs=pattern, output_dir=str(tmp_path / "labels"), model_base_path=drift_model,
+        progress=False)))
+    assert page.items and "2 %s" % label_candidates.FOREIGN in " ".join(notes)
+    compare = ["--baseline", drift_model, "--candidate", drift_model]
+    result = run_command("slimserve.cli.compare", "--logs", pattern, *compare,
+                         "--noprogress", "--json_output", tmp_path / "canary.json")
+    assert result.code == 0 and "Traceback" not in result.output, result.output
+    canary = json.loads((tmp_path / "canary.json").read_text())
+    assert canary["requests"] == UNSHIFTED and canary["agreement"] == 1.0
+    assert sorted(f["log"] for f in canary["skipped_logs"]["files"]) == sorted(foreign)
+    assert "not replayed: " in result.stdout and foreign[1] in result.stdout
+    for command, args in (("slimserve.cli.compare", compare),
+                          ("slimserve.cli.drift", ["--model_base_path", drift_model])):
+        result = run_command(command, "--logs", str(logs / (MODEL + "-zz-*")), *args,
+                             "--noprogress")
+        assert result.code == 1 and "Traceback" not in result.output, result.output
+        last = result.stderr.strip().splitlines()[-1]
+        assert all(path in last for path in foreign), last
+
+
+def test_a_record_claiming_2_to_the_40_images_and_a_damaged_file_are_counted_not_trusted(
+        drift_model, drift_logs, tmp_path):
+    """Each in its own file, newest of all: a record whose shapes claim 2^40 images (it
+    holds one) does not fill the newest --max_images window by its claim (the real
+    traffic is read and tested), and a file damaged at its first record is in the
+    report's own counts and names, not only on stderr."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for path in glob.glob(drift_logs["unshifted"]):
+        shutil.copy(path, logs)
+    claiming = write_claiming_record(str(logs), MODEL)
+    damaged = write_damaged_file(str(logs), MODEL)
+    result = _drift("--logs", str(logs / (MODEL + "*")), "--model_base_path", drift_model,
+                    "--output_dir", tmp_path / "out", "--max_images", 2 * WINDOW)
+    assert result.code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == "drift: no"
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["images"] == 2 * WINDOW and report["windows_evaluated"] == 2
+    assert report["skipped"]["malformed record (unreadable image_bytes tensor "
+                             "(ServingError))"] == 1  # beyond the server's bounds
+    assert report["skipped"][label_candidates.DAMAGED] == 1
+    assert [f["log"] for f in report["skipped_files"]] == [damaged]
+    assert claiming not in {f["log"] for f in report["skipped_files"]}

@@ -66,6 +66,8 @@ class Browser:
 
     def page(self, path="/"):
         status, headers, body = self.call("GET", path)
+        if status == 303:  # a new browser: the page sets its session cookie first
+            status, headers, body = self.call("GET", headers["Location"])
         assert status == 200, body
         return body.decode()
 
@@ -441,6 +443,7 @@ def test_hostile_logs_are_escaped_counted_and_never_served_raw(served_logs, digi
     assert "image not shown (decompression bomb" in text or "image not shown (header" in text
     assert "not a JPEG, PNG, GIF or BMP" in text
     browser = Browser(page)
+    browser.page()  # the session cookie
     status, headers, body = browser.call("GET", "/")
     html = body.decode()
     assert status == 200 and html.count("<script") == 1 and "<img src=x" not in html
@@ -489,6 +492,28 @@ def test_requests_are_bounded_and_need_the_session(labelling):
     assert browser.call("GET", "/decide")[0] == 405
     assert browser.call("GET", "/example/0/0.png")[0] == 404  # no examples given
     assert page.store.counts() == {"label": 0, "none": 0, "skip": 0}
+
+
+def test_probes_and_cookieless_gets_hold_no_image(labelling):
+    """Two HEAD requests and a GET from a client that keeps no cookie (a health checker,
+    a link preview) claim nothing: the first real labellers get the best images."""
+    page, _ = labelling
+    for _ in range(2):
+        status, headers, body = Browser(page).call("HEAD", "/")
+        assert status == 200 and body == b"" and "Set-Cookie" not in headers
+    status, headers, _ = Browser(page).call("GET", "/?view=grid")
+    assert status == 303 and headers["Set-Cookie"].startswith(label_page.COOKIE + "=")
+    assert "view=grid" in headers["Location"]
+    status, headers, body = Browser(page).call("GET", headers["Location"])  # no cookie kept
+    assert status == 200 and cards(body.decode()) == [] and b"Start labelling" in body
+    forged = Browser(page)  # a cookie this page never issued is no session either
+    forged.cookie = "%s=made-up.0123" % label_page.COOKIE
+    assert forged.call("GET", "/")[0] == 303
+    assert not any(page.store.holder(rid) for rid in page.items)
+    alice, bob = Browser(page), Browser(page)
+    assert cards(alice.page()) == list(page.items)[:3]
+    assert cards(bob.page()) == list(page.items)[3:6]
+    assert cards(alice.page()) == list(page.items)[:3]  # the same session, the same images
 
 
 def test_class_examples_from_the_reference_or_a_class_tree(digits_model, digits_dir,

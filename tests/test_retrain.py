@@ -16,10 +16,13 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from slimserve import errors
 from slimserve.estimator import dataset
 from slimserve.estimator import merge
+from slimserve.estimator import run_lock
 from slimserve.estimator import schema
 from slimserve.estimator import splits
+from slimserve.export import versions
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
 from slimserve.serving import server as server_lib
@@ -216,6 +219,64 @@ def test_publish_labels_canary_then_promote_moves_stable_and_a_server_follows(
         server.stop()
 
 
+def _leftovers(base, config_file):
+    """What the base path and the config's folder hold."""
+    return sorted(os.listdir(base)), sorted(os.listdir(os.path.dirname(config_file)))
+
+
+def test_publish_refuses_what_an_operator_changed_while_the_retrain_ran(served, drift_model):
+    """Publish is a compare-and-swap on the config and the versions the run read at its
+    start: a label moved, a version added, or an edit between its checks and its rename
+    refuses it, naming what changed; the operator's edit stays and nothing is published."""
+    base, config_file = served
+    candidate = os.path.join(drift_model, "1")
+    before = _leftovers(base, config_file)
+    serving = retrain._serving(_config(served))  # pylint: disable=protected-access
+    edited = open(config_file).read().replace(
+        'model_platform: "tensorflow"',
+        'model_platform: "tensorflow" version_labels { key: "gold" value: 1 }')
+    with open(config_file, "w") as handle:
+        handle.write(edited)
+    with pytest.raises(model_config.ConfigChanged, match=r"changed since this run read it "
+                       r"\(model digits: label gold \(none\) -> 1\)"):
+        retrain.publish(_config(served), serving, candidate)
+    assert open(config_file).read() == edited and _leftovers(base, config_file) == before
+    serving = retrain._serving(_config(served))  # pylint: disable=protected-access
+    shutil.copytree(candidate, os.path.join(base, "7"))  # the operator's own export
+    with pytest.raises(versions.VersionsChanged, match="versions changed since this run "
+                       "read them \\(added 7\\)"):
+        retrain.publish(_config(served), serving, candidate)
+    assert open(config_file).read() == edited
+    assert _leftovers(base, config_file) == (["1", "7"], before[1])
+    # An edit after every check, just before the rename, is caught by the check there.
+    snapshot = model_config.read_snapshot(config_file)
+    pending = model_config.prepare_version_labels(config_file, None, {"stable": 7}, [1, 7],
+                                                  expected=snapshot)
+    with open(config_file, "w") as handle:
+        handle.write(edited.replace("value: 1", "value: 7"))
+    with pytest.raises(model_config.ConfigChanged, match="label gold 1 -> 7"):
+        pending.commit()
+    assert "value: 7" in open(config_file).read() and "stable" not in open(config_file).read()
+    assert _leftovers(base, config_file)[1] == before[1]  # its temporary removed
+
+
+def test_a_read_only_model_config_refuses_publishing_before_a_version_appears(
+        served, drift_model):
+    """A config the operator made read-only cannot take the new version's labels: the
+    version never appears in the base path (a server on the default policy, latest 1,
+    would serve it at once, unlabelled)."""
+    base, config_file = served
+    before = _leftovers(base, config_file)
+    text = open(config_file).read()
+    os.chmod(config_file, 0o444)
+    serving = retrain._serving(_config(served))  # pylint: disable=protected-access
+    with pytest.raises(errors.UserError, match="--model_config_file %s is read-only "
+                       "\\(mode 0o444\\)" % config_file):
+        retrain.publish(_config(served), serving, os.path.join(drift_model, "1"))
+    assert _leftovers(base, config_file) == before and open(config_file).read() == text
+    assert versions.list_versions(base) == [1]
+
+
 _KILLED = """
 import os, signal, sys
 from slimserve.serving.config import model_config
@@ -266,6 +327,31 @@ def test_command_errors_are_one_line(tmp_path, served, drift_model):
                          "--model_config_file", config_file, "--serving_version", 5)
     assert result.code == 1 and "has no version 5" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_second_retrain_on_one_model_dir_is_refused_before_it_writes(
+        tmp_path, served, drift_model, labelled):
+    """The first run holds its locks while it trains (this test process holds them, as
+    that run would): the second is refused before it converts anything, so the first
+    run's held-out labels stay the ones it judges its candidate by."""
+    _, config_file = served
+    _, tree = labelled
+    run = tmp_path / "run"
+    held_out = run / "retrain" / "new_labels"
+    held_out.mkdir(parents=True)
+    (held_out / "validation-00000-of-00001").write_bytes(b"the first run's held-out labels")
+    with run_lock.RunLock.for_retrain(str(run)), run_lock.RunLock(str(run)):
+        result = run_command(
+            "slimserve.cli.retrain", "--labels_dir", tree, "--model_config_file", config_file,
+            "--data_dir", os.path.join(os.path.dirname(drift_model), "data-1"),
+            "--model_dir", run, "--noprogress")
+    assert result.code == 1, result.output
+    assert "%s is held by another retrain, pid %d" % (
+        run / run_lock.RETRAIN_LOCK_FILE, os.getpid()) in result.stderr
+    assert os.listdir(held_out) == ["validation-00000-of-00001"]
+    assert (held_out / "validation-00000-of-00001").read_bytes() == \
+        b"the first run's held-out labels"
+    assert sorted(os.listdir(run)) == ["retrain"]  # the locks released, nothing added
 
 
 STEPS = 8  # each of the soup's two fine-tunes: enough to move the weights apart

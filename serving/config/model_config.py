@@ -1,12 +1,23 @@
 """The models a server serves: name, base path, version policy and version labels, from
 TF Serving's text-format ModelServerConfig (--model_config_file, ReloadConfigRequest),
 and the one writer of a model's version labels into such a file (`set_version_labels`:
-slimserve-retrain's canary and stable, which a server polling the file picks up)."""
+slimserve-retrain's canary and stable, which a server polling the file picks up).
+
+The writer is a compare-and-swap: given the Snapshot a run read at its start
+(`read_snapshot`), it refuses, naming what changed, when the file no longer holds those
+bytes (an operator moved a label or edited the file meanwhile), checks again just before
+its rename, and refuses a file the operator made read-only; `prepare_version_labels`
+does every check and writes the new text beside the file before anything else of a
+publish becomes visible (export/versions.py `publish_announced`)."""
+import dataclasses
+import hashlib
 import logging
 import os
 import secrets
+import stat
 
 from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
 
 from slimserve import errors
 from slimserve.serving.config import bounds
@@ -81,15 +92,207 @@ def model_entry(config, model_name, where):
         where, model_name, ", ".join(e.name for e in entries) or "none"))
 
 
-def set_version_labels(path, model_name, labels, versions):
-    """Rewrites the --model_config_file at `path` so that model `model_name` serves
-    exactly `versions` (policy `specific`) under `labels` ({label: version}, each one of
-    `versions`), every other entry and field unchanged. Whole or not at all: written
-    beside, fsynced and renamed over the file, so a server polling it reads the old
-    config or the new one, never half of one (what a writer killed before its rename
-    left beside it is removed by the next). Returns the new entry."""
-    where = "--model_config_file %s" % path
-    config = files.read_model_server_config(path)
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A --model_config_file as a run read it: its bytes and the config parsed from
+    exactly those bytes."""
+    path: str
+    raw: bytes
+    config: object  # ModelServerConfig
+
+    @property
+    def digest(self):
+        return hashlib.sha256(self.raw).hexdigest()
+
+
+class ConfigChanged(errors.UserError):
+    """The model config file is not what the run read: someone else changed it."""
+
+
+def _where(path):
+    return "--model_config_file %s" % path
+
+
+def _read_raw(path):
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(files.MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise files.ConfigError("%s: %s" % (_where(path), error.strerror or error)) from None
+    if len(raw) > files.MAX_CONFIG_BYTES:
+        raise files.ConfigError("%s: larger than %d bytes; not a TF Serving config file"
+                                % (_where(path), files.MAX_CONFIG_BYTES))
+    return raw
+
+
+def _parse(path, raw):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise files.ConfigError("%s: not UTF-8 text (%s)" % (_where(path), error)) from None
+    return files.parse_text(text, model_server_config_pb2.ModelServerConfig, _where(path))
+
+
+def read_snapshot(path):
+    """The Snapshot of the model config file at `path` (what a later write compares)."""
+    raw = _read_raw(path)
+    return Snapshot(path, raw, _parse(path, raw))
+
+
+def _entries(config):
+    return {e.name: e for e in config.model_config_list.config}
+
+
+def _policy(entry):
+    policy = entry.model_version_policy
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "specific":
+        return "specific %s" % list(policy.specific.versions)
+    if kind == "all":
+        return "all"
+    return "latest %d" % (policy.latest.num_versions or 1)
+
+
+def describe_change(before, raw):
+    """What differs between the config a run read (`before`) and the file's bytes now
+    (`raw`): each model added or removed, each label moved, each policy or base path
+    changed; else that only its text changed."""
+    try:
+        after = _parse("", raw)
+    except errors.UserError:
+        return "it no longer parses"
+    old, new = _entries(before), _entries(after)
+    changes = ["model %s added" % name for name in sorted(set(new) - set(old))]
+    changes += ["model %s removed" % name for name in sorted(set(old) - set(new))]
+    for name in sorted(set(old) & set(new)):
+        was, now = old[name], new[name]
+        for label in sorted(set(was.version_labels) | set(now.version_labels)):
+            a, b = was.version_labels.get(label), now.version_labels.get(label)
+            if a != b:
+                changes.append("model %s: label %s %s -> %s" % (
+                    name, label, "(none)" if a is None else a, "(none)" if b is None else b))
+        if _policy(was) != _policy(now):
+            changes.append("model %s: version policy %s -> %s" % (name, _policy(was),
+                                                                   _policy(now)))
+        if was.base_path != now.base_path:
+            changes.append("model %s: base_path %s -> %s" % (name, was.base_path,
+                                                             now.base_path))
+        was_rest, now_rest = type(was)(), type(now)()
+        was_rest.CopyFrom(was)
+        now_rest.CopyFrom(now)
+        for message in (was_rest, now_rest):
+            for field in ("version_labels", "model_version_policy", "base_path"):
+                message.ClearField(field)
+        if was_rest != now_rest:
+            changes.append("model %s: other fields" % name)
+    return "; ".join(changes) or "its text only (comments or layout)"
+
+
+def check_unchanged(snapshot):
+    """ConfigChanged, naming what changed, unless the file holds the snapshot's bytes."""
+    raw = _read_raw(snapshot.path)
+    if raw != snapshot.raw:
+        raise ConfigChanged(
+            "%s changed since this run read it (%s); nothing was published: run again to "
+            "publish on top of the new config" % (_where(snapshot.path),
+                                                   describe_change(snapshot.config, raw)))
+
+
+def check_writable(path):
+    """A UserError when the operator made the file read-only (no write permission bit,
+    or no write access): the rename a write does would replace it anyway."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise files.ConfigError("%s: %s" % (_where(path), error.strerror or error)) from None
+    if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or \
+            not os.access(path, os.W_OK):
+        raise errors.UserError("%s is read-only (mode %s): the version labels cannot be "
+                               "written" % (_where(path), oct(stat.S_IMODE(mode))))
+
+
+class PendingLabels:
+    """A model config write prepared beside the file (every check done, the new text
+    fsynced in a temporary): commit() checks again that the file holds what was read
+    and renames the temporary over it; discard() removes the temporary; revert() puts
+    the text that was read back, if the file still holds what commit() wrote."""
+
+    def __init__(self, path, entry, text, temp, before):
+        self.path, self.entry, self.text, self.temp = path, entry, text, temp
+        self._before = before  # Snapshot of what was read
+        self.committed = False
+
+    def commit(self):
+        with errors.writing(self.path, "--model_config_file"):
+            try:
+                check_unchanged(self._before)
+                os.replace(self.temp, self.path)
+                _fsync_directory(self.path)
+            except BaseException:
+                self.discard()
+                raise
+        self.committed = True
+        return self.entry
+
+    def discard(self):
+        try:
+            os.unlink(self.temp)
+        except FileNotFoundError:
+            pass
+
+    def revert(self):
+        """Back to the text that was read, unless someone changed the file since."""
+        if not self.committed or _read_raw(self.path) != self.text.encode("utf-8"):
+            return False
+        _write_beside(self.path, self._before.raw, replace=True)
+        self.committed = False
+        return True
+
+
+def _fsync_directory(path):
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_beside(path, data, replace):
+    """Writes `data` to a temporary beside `path` (fsynced); renames it over `path` when
+    `replace`, else returns the temporary's name."""
+    folder = os.path.dirname(os.path.abspath(path))
+    prefix = ".%s.tmp-" % os.path.basename(path)
+    temp = os.path.join(folder, "%s%d-%s" % (prefix, os.getpid(), secrets.token_hex(4)))
+    with errors.writing(path, "--model_config_file"):
+        _remove_dead_temporaries(folder, prefix)
+        try:
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if replace:
+                os.replace(temp, path)
+                _fsync_directory(path)
+        except BaseException:
+            if os.path.exists(temp):
+                os.unlink(temp)
+            raise
+    return temp
+
+
+def prepare_version_labels(path, model_name, labels, versions, expected=None):
+    """The PendingLabels of a write of the --model_config_file at `path` in which model
+    `model_name` serves exactly `versions` (policy `specific`) under `labels` ({label:
+    version}, each one of `versions`), every other entry and field unchanged.
+
+    expected: the Snapshot the caller read at its start; the new config is built on it,
+    and a file that no longer holds its bytes is refused (ConfigChanged, naming what
+    changed). Without it, the file as it is now. A read-only file is refused. Nothing
+    but the temporary is written; commit() replaces the file."""
+    where = _where(path)
+    before = expected if expected is not None else read_snapshot(path)
+    config = type(before.config)()
+    config.CopyFrom(before.config)
     entry = model_entry(config, model_name, where)
     missing = sorted(set(labels.values()) - set(versions))
     if missing:
@@ -101,22 +304,19 @@ def set_version_labels(path, model_name, labels, versions):
         entry.version_labels[label] = version
     text = text_format.MessageToString(config)
     served_models_from_proto(config, where)  # what the server will accept
-    folder = os.path.dirname(os.path.abspath(path))
-    prefix = ".%s.tmp-" % os.path.basename(path)
-    temp = os.path.join(folder, "%s%d-%s" % (prefix, os.getpid(), secrets.token_hex(4)))
-    with errors.writing(path, "--model_config_file"):
-        _remove_dead_temporaries(folder, prefix)
-        try:
-            with open(temp, "w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
-    return entry
+    check_unchanged(before)
+    check_writable(path)
+    temp = _write_beside(path, text.encode("utf-8"), replace=False)
+    return PendingLabels(path, entry, text, temp, before)
+
+
+def set_version_labels(path, model_name, labels, versions, expected=None):
+    """Rewrites the --model_config_file at `path` as prepare_version_labels says. Whole
+    or not at all: written beside, fsynced and renamed over the file, so a server
+    polling it reads the old config or the new one, never half of one (what a writer
+    killed before its rename left beside it is removed by the next). Returns the new
+    entry."""
+    return prepare_version_labels(path, model_name, labels, versions, expected).commit()
 
 
 def _remove_dead_temporaries(folder, prefix):

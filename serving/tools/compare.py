@@ -24,8 +24,8 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
 from slimserve.serving.core import tensors
-from slimserve.serving.observability import request_log
 from slimserve.serving.tools import image_classifier
+from slimserve.serving.tools import label_candidates
 
 # Output keys read for the class decision and for the probabilities, in order of
 # preference: slimserve's predict signatures, then TF Serving's classify convention.
@@ -33,16 +33,36 @@ CLASS_KEYS = (conventions.CLASSES,)
 SCORE_KEYS = (conventions.PROBABILITIES, conventions.SCORES)
 
 
-def read_requests(pattern, limit):
-    """The first `limit` logged requests of the request-log files `pattern` (--logs)
-    matches. The log reader refuses a pattern that matches nothing, or a folder, with a
-    ValueError naming it: a UserError here, so the command prints it as one line."""
-    try:
-        return request_log.read_logs(pattern, limit)
-    except UserError:
-        raise
-    except ValueError as error:  # request_log's two refusals of --logs, documented there
-        raise UserError(str(error)) from None
+REPLAYABLE = ("predict_log", "classify_log", "regress_log")
+
+
+def read_requests(pattern, limit, scan=None):
+    """The first `limit` replayable logged requests (Predict, Classify, Regress) of the
+    request-log files `pattern` (--logs) matches, read by the flywheel's one log reader
+    (label_candidates.iter_indexed): other records, damaged files and files of another
+    program's records are counted (and the files named) in `scan`, a
+    label_candidates.Scan, never fatal. A UserError naming --logs when no file matches,
+    and naming what was skipped when no request is left to replay."""
+    scan = scan if scan is not None else label_candidates.Scan()
+    requests = []
+    for _, _, log in label_candidates.iter_indexed(pattern, scan):
+        kind = log.WhichOneof("log_type")
+        if kind not in REPLAYABLE:
+            scan.skipped["record without a replayable request (%s)" % (kind or "none")] += 1
+            continue
+        requests.append(log)
+        if len(requests) >= limit:
+            break
+    if not requests:
+        raise UserError("--logs %s: no logged request to replay (%s)" % (
+            pattern, scan.describe()))
+    return requests
+
+
+def skipped_json(scan):
+    """What read_requests skipped, for a report: {"records": {why: count}, "files":
+    [{"log", "kind", "reason"}]}."""
+    return {"records": dict(scan.skipped), "files": scan.files_json()}
 
 
 def resolve_model_dir(path):

@@ -20,6 +20,13 @@ those files and skips all but the newest `limit` images of the version, keeps th
 features of one window (`window_size` images, their bytes dropped once embedded), a
 summary of at most `max_windows` windows, and the best `max_candidates` candidates for
 labelling and `thumbnails` images for the report (label_candidates.Best).
+
+Both passes count the images a record actually holds, decoded under the server's bounds
+(label_candidates.logged_images), never the batch size its tensor shape claims: one
+hostile record claiming 2^40 images would otherwise fill the window alone, keep every
+real file unread, and then be skipped as malformed. Pass 1 decodes every record of the
+files it reads, so its Scan (Selection.scan) counts every skipped record and names every
+damaged or foreign file read, including files pass 2 does not read again.
 """
 import collections
 import dataclasses
@@ -68,21 +75,6 @@ class Selection:
         return sorted(v for m, v in self.seen if m == model)
 
 
-def _image_count(log):
-    """Images of a record of the image signature (its image_bytes' batch size), from
-    its shape alone; 0 for any other record."""
-    if log.WhichOneof("log_type") != "predict_log":
-        return 0
-    request = log.predict_log.request
-    if request.model_spec.signature_name not in ("", conventions.DEFAULT_SIGNATURE) or \
-            conventions.IMAGE_BYTES not in request.inputs:
-        return 0
-    proto = request.inputs[conventions.IMAGE_BYTES]
-    if proto.tensor_shape.dim:
-        return max(0, int(proto.tensor_shape.dim[0].size))
-    return len(proto.string_val)
-
-
 def _key(log):
     spec = log.log_metadata.model_spec
     if not spec.HasField("version"):
@@ -103,14 +95,14 @@ def select(pattern, model_name=None, version=None, max_images=None, progress=Non
         newest = None
         for _, _, log in label_candidates.iter_indexed(read_pattern, selection.scan,
                                                        progress):
+            count = len(selection.scan.images_of(log))  # decoded, not claimed
+            selection.scan.images += count
             key = _key(log)
-            count = _image_count(log)
             if key is None or not count or (model_name is not None and key[0] != model_name):
                 continue
             per_key[key] += count
             if version is None or key[1] == version:
                 newest = key  # records of a file are in time order: the last is newest
-        selection.scan.files -= 1  # counted again when pass 2 reads it
         selection.seen.update(per_key)
         if selection.model is None and newest is not None:
             selection.model, selection.version = newest
@@ -133,11 +125,11 @@ def served_images(selection, skip=0, scan=None, progress=None):
             if _key(log) != (selection.model, selection.version):
                 scan.skipped["other model or version"] += 1
                 continue
-            count = _image_count(log)
-            if seen + count <= skip:
-                seen += count
+            images = scan.images_of(log)  # as pass 1 counted them: decoded
+            if seen + len(images) <= skip:
+                seen += len(images)
                 continue
-            for item, logged in enumerate(scan.images_of(log)):
+            for item, logged in enumerate(images):
                 seen += 1
                 if seen <= skip:
                     continue
@@ -237,6 +229,17 @@ class DriftOutcome:
     @property
     def drift(self):
         return bool(self.latest and self.latest.result.drift)
+
+    def verdict(self, statistics=None):
+        """True when a statistic of the newest window drifts; False only when every one
+        of `statistics` (default: all of drift.STATISTICS) was computed and none drifts;
+        None when nothing drifts but some statistic could not be computed (no window, no
+        embeddings, no decodable image): a statistic not computed is no evidence."""
+        if self.drift:
+            return True
+        computed = self.latest.result.statistics if self.latest else {}
+        wanted = drift.STATISTICS if statistics is None else statistics
+        return False if all(name in computed for name in wanted) else None
 
     def since(self):
         """The first window of the newest run of flagged windows (None without drift):

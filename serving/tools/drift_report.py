@@ -4,7 +4,9 @@
     drift_report.write(output_dir, report, outcome)     # report.html, candidates, report.json
 
 `build` turns a DriftOutcome (serving/tools/drift_reader.py) into the report: `drift`
-(true|false), each statistic of the newest window with its value, calibrated threshold,
+(true; false only when all four statistics were computed and none drifts; null when
+none that was computed drifts but one could not be computed: the run could not tell),
+each statistic of the newest window with its value, calibrated threshold,
 p-value and level, since when the drift holds, and every kept window. `write` puts three
 files in the output folder, each whole or not at all (written beside, renamed into place:
 a full disk or a kill leaves the previous file, never half of one): `candidates.jsonl`
@@ -42,6 +44,7 @@ th,td{border-bottom:1px solid #ddd;padding:.3rem .6rem;text-align:left;font-size
 th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{font-size:1.2rem;font-weight:700;padding:.4rem .8rem;display:inline-block;
 border-radius:.3rem}.yes{background:#fde2e1;color:#a11}.no{background:#e3f4e6;color:#11772d}
+.unknown{background:#fff3cd;color:#7a5b00}
 .drift{color:#a11;font-weight:600}.ok{color:#11772d}.grid{display:flex;flex-wrap:wrap;gap:.6rem}
 .card{border:1px solid #ddd;border-radius:.3rem;padding:.4rem;width:11rem;font-size:.78rem}
 .card img{width:96px;height:96px;object-fit:contain;image-rendering:pixelated;display:block;
@@ -63,7 +66,7 @@ def build(outcome, context):
     reference = context.get("reference")
     latest = outcome.latest if outcome is not None else None
     report = {
-        "drift": bool(outcome is not None and outcome.drift),
+        "drift": outcome.verdict() if outcome is not None else None,
         "model_name": context.get("model_name"),
         "model_version": context.get("model_version"),
         "version_dir": context.get("version_dir"),
@@ -78,6 +81,7 @@ def build(outcome, context):
         "windows": [w.to_json() for w in outcome.windows] if outcome is not None else [],
         "options": context.get("options"),
         "skipped": dict(context["scan"].skipped) if context.get("scan") else {},
+        "skipped_files": context["scan"].files_json() if context.get("scan") else [],
         "notes": list(context.get("notes", [])),
     }
     if reference is not None:
@@ -116,8 +120,11 @@ def lines(report):
         out.append("%s: %.4g (threshold %.4g, p %.3g) %s: %s" % (
             name, stat["value"], stat["threshold"], stat["p_value"],
             "DRIFT" if stat["drift"] else "ok", stat["detail"]))
-    out.append("drift: %s" % ("yes" if report["drift"] else "no"))
+    out.append("drift: %s" % VERDICTS[report["drift"]])
     return out
+
+
+VERDICTS = {True: "yes", False: "no", None: "unknown"}
 
 
 def _svg_pvalues(windows):
@@ -169,7 +176,7 @@ def render_html(report, outcome=None, class_names=(), shares=None):
     """The page (see the module docstring). shares: (reference shares, traffic shares)
     of the predicted classes, for the class table."""
     esc = lambda value: html.escape(str(value), quote=True)  # noqa: E731
-    verdict = "yes" if report["drift"] else "no"
+    verdict = VERDICTS[report["drift"]]
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              "<title>drift report: %s version %s</title><style>%s</style></head><body>" % (
                  esc(report["model_name"]), esc(report["model_version"]), _STYLE),
@@ -244,11 +251,13 @@ def render_html(report, outcome=None, class_names=(), shares=None):
                              esc("%s, logged %s" % (candidate.request_id,
                                                     _utc(candidate.logged_at)))))
         parts.append("</div>")
-    if report["notes"] or report["skipped"]:
+    if report["notes"] or report["skipped"] or report.get("skipped_files"):
         parts.append("<h2>Notes</h2><ul>")
         parts += ["<li>%s</li>" % esc(note) for note in report["notes"]]
         parts += ["<li>skipped: %d %s</li>" % (count, esc(why))
                   for why, count in sorted(report["skipped"].items())]
+        parts += ["<li>skipped file %s: %s</li>" % (esc(f["log"]), esc(f["reason"]))
+                  for f in report.get("skipped_files", [])]
         parts.append("</ul>")
     parts.append("</body></html>\n")
     return "".join(parts)

@@ -19,7 +19,10 @@ three) with `write_candidates`, and slimserve-label reads them back with
 
 Every logged byte is untrusted: tensors are decoded by serving/core/tensors.py with its
 bounds, a record that is not an image prediction or is malformed is skipped and counted
-(`Scan.skipped`), never fatal; a damaged log file is counted and the next one read.
+(`Scan.skipped`), never fatal; a damaged log file, or one of another program's records
+(not PredictionLog), is counted and named (`Scan.skipped_files`) and the next one read.
+`iter_indexed` is the one reader of request logs for slimserve-label, -drift and
+-compare (and slimserve-retrain's check).
 """
 import collections
 import dataclasses
@@ -34,6 +37,7 @@ import re
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import message as protobuf_message
 
 from slimserve import conventions
 from slimserve import errors
@@ -55,6 +59,9 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_REASONS = 8
 MAX_REASON_CHARS = 300
 MAX_REQUEST_ID_CHARS = 120
+MAX_NAMED_FILES = 100  # skipped log files named in a Scan (all are counted)
+DAMAGED = "damaged log file(s)"
+FOREIGN = "file(s) not of PredictionLog records"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -105,6 +112,28 @@ class Scan:
     files: int = 0
     skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     class_names: dict = dataclasses.field(default_factory=dict)  # id -> Counter(name)
+    skipped_files: dict = dataclasses.field(default_factory=dict)  # path -> (kind, why)
+
+    def skip_file(self, path, kind, why):
+        """A log file (or its rest) not read: counted under `kind` once per file, named
+        with `why` (the first MAX_NAMED_FILES; all are counted)."""
+        if path in self.skipped_files:
+            return
+        self.skipped[kind] += 1
+        if len(self.skipped_files) < MAX_NAMED_FILES:
+            self.skipped_files[path] = (kind, why)
+        logging.warning("request log %s: %s", path, why)
+
+    def add_files(self, other):
+        """Counts and names `other`'s skipped files that this scan has not (a second pass
+        over the same files counts each once)."""
+        for path, (kind, why) in other.skipped_files.items():
+            self.skip_file(path, kind, why)
+
+    def files_json(self):
+        """[{"log", "kind", "reason"}] of the named skipped files, for a JSON report."""
+        return [{"log": path, "kind": kind, "reason": why}
+                for path, (kind, why) in self.skipped_files.items()]
 
     def note_class(self, logged):
         if logged.class_id is None or not logged.class_name or not \
@@ -139,6 +168,8 @@ class Scan:
         parts = ["%d record(s) in %d file(s), %d image(s)" % (self.records, self.files,
                                                               self.images)]
         parts += ["%d %s" % (count, why) for why, count in sorted(self.skipped.items())]
+        parts += ["%s: %s" % (path, why) for path, (_, why) in
+                  list(self.skipped_files.items())[:3]]
         return "; ".join(parts)
 
 
@@ -255,21 +286,33 @@ def _abandoned(temp):
 
 def iter_indexed(pattern, scan, progress=None):
     """(file, record index, PredictionLog) of every readable record `pattern` matches, one
-    file at a time through request_log.iter_logs; a damaged file is counted in
-    `scan.skipped` (its complete records before the damage are kept) and the next read."""
+    file at a time through request_log.iter_logs. A damaged file (its complete records
+    before the damage are kept) and a file of another program's records (a record that
+    does not parse as a PredictionLog, or a file none of whose records holds a request)
+    are counted and named in `scan` (Scan.skip_file), and the next file is read."""
     for path, file_pattern in log_files(pattern):
         scan.files += 1
-        index = 0
+        read = requests = 0
         try:
             for index, log in enumerate(request_log.iter_logs(file_pattern)):
+                read += 1
                 scan.records += 1
+                requests += log.WhichOneof("log_type") is not None
                 if progress is not None:
                     progress(1)
                 yield path, index, log
+        except protobuf_message.DecodeError:
+            scan.skip_file(path, FOREIGN, "not a request log: record %d is not a "
+                           "PredictionLog (another program's TFRecords?); the file is "
+                           "skipped from there" % read)
+            continue
         except (ValueError, tf.errors.OpError, OSError) as error:
-            logging.warning("request log %s: %s; its later records are skipped",
-                            path, getattr(error, "message", error))
-            scan.skipped["damaged log file(s)"] += 1
+            scan.skip_file(path, DAMAGED, "%s; its later records are skipped"
+                           % getattr(error, "message", error))
+            continue
+        if read and not requests:
+            scan.skip_file(path, FOREIGN, "not a request log: none of its %d record(s) "
+                           "holds a request (another program's TFRecords?)" % read)
 
 
 def low_confidence(logged):

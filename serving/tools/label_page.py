@@ -19,9 +19,16 @@ Everything on it came from a log, a model or a folder and is treated as hostile:
 
 Each browser is a session: it claims the images it is shown (label_store claims), so two
 labellers see different images; a decision on an image someone else decided first is
-answered 409 with who labelled it and how.
+answered 409 with who labelled it and how. Only a browser that keeps the session cookie
+and asks for the page claims anything: a GET without the cookie is redirected to the page
+with the cookie set (a fresh session token, signed by this page, so no session is stored
+for a client that never comes back with it), and if it comes back without it (a health
+checker, a link preview, a browser without cookies) it gets a page that holds no image;
+a HEAD request never claims. Otherwise every probe would hold images for --claim_seconds
+and lock the real labellers out.
 """
 import collections
+import hashlib
 import hmac
 import html
 import logging
@@ -142,9 +149,12 @@ def allowed_hosts(host, port):
     return None if names is None else {"%s:%d" % (name, port) for name in names}
 
 
+NEW_SESSION = "cookie"  # the query parameter of the redirect that set the cookie
+
+
 class _Session:
-    def __init__(self, labeller):
-        self.token = secrets.token_urlsafe(24)  # secret: cookie and form field
+    def __init__(self, labeller, token):
+        self.token = token  # secret: cookie and form field
         self.id = secrets.token_hex(8)  # public: claims and provenance name it
         self.labeller = labeller
         self.seen = time.monotonic()
@@ -183,6 +193,7 @@ class LabelPage:
         self.notes = list(notes)  # lines for the footer (what was read, what was skipped)
         self._sessions = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._secret = secrets.token_bytes(32)  # signs the session tokens this page issued
 
     # --- WSGI ----------------------------------------------------------------------
 
@@ -205,7 +216,10 @@ class LabelPage:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/")
         if path == "/":
-            if method in ("GET", "HEAD"):
+            if method == "HEAD":  # a probe: the page's headers, no session, no claim
+                return 200, [("Content-Type", "text/html; charset=utf-8"),
+                             ("Cache-Control", "no-store")], b""
+            if method == "GET":
                 return self._index(environ)
             return self._text(405, "GET only")
         if path in ("/decide", "/labeller"):
@@ -284,23 +298,59 @@ class LabelPage:
                 return value
         return None
 
+    def _sign(self, nonce):
+        return hmac.new(self._secret, nonce.encode("ascii"), hashlib.sha256).hexdigest()[:32]
+
+    def _new_token(self):
+        """A session token this page issued: a nonce and its signature (nothing stored
+        until the browser comes back with it)."""
+        nonce = secrets.token_urlsafe(24)
+        return "%s.%s" % (nonce, self._sign(nonce))
+
+    def _issued(self, token):
+        nonce, _, signature = token.partition(".")
+        return bool(nonce) and nonce.isascii() and hmac.compare_digest(
+            signature.encode("ascii", "replace"), self._sign(nonce).encode("ascii"))
+
     def _session(self, environ, create=False):
-        """(The browser's session) or, with create, a new one as (session, True)."""
+        """The browser's session, or None. With create, a browser that came back with a
+        token this page issued gets its session now (the first page it asks for)."""
         token = self._cookie(environ)
         with self._lock:
             session = self._sessions.get(token) if token else None
             if session is not None:
                 self._sessions.move_to_end(token)
                 session.seen = time.monotonic()
-                return (session, False) if create else session
-            if not create:
+                return session
+            if not create or not token or not self._issued(token):
                 return None
             chosen = _clean_name(urllib.parse.unquote(self._cookie(environ, NAME_COOKIE) or ""))
-            session = _Session(chosen or self.labeller)
+            session = _Session(chosen or self.labeller, token)
             self._sessions[session.token] = session
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
-            return session, True
+            return session
+
+    def _welcome(self, query):
+        """A GET without a session: a redirect to the page that sets the session cookie,
+        or, when the client came back from that redirect without the cookie, a page that
+        holds no image. Neither claims anything."""
+        cookie = ("Set-Cookie", "%s=%s; HttpOnly; SameSite=Strict; Path=/"
+                  % (COOKIE, self._new_token()))
+        view = self._view(query.get("view"))
+        if NEW_SESSION not in query:
+            location = "/?" + urllib.parse.urlencode(
+                {"view": view, "focus": _int(query.get("focus"), 0), NEW_SESSION: 1})
+            return 303, [("Location", location), ("Cache-Control", "no-store"), cookie,
+                         ("Content-Type", "text/plain; charset=utf-8")], b"see /\n"
+        body = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                "<title>slimserve-label</title><link rel=\"stylesheet\" href=\"/app.css\">"
+                "</head><body><header><h1>Labelling served images</h1></header>"
+                "<p id=\"start\">This page hands images to label to a browser session (a "
+                "cookie), so that two labellers see different ones. <a href=\"/?view=%s\">"
+                "Start labelling</a></p></body></html>\n" % _e(view))
+        return 200, [("Content-Type", "text/html; charset=utf-8"),
+                     ("Cache-Control", "no-store"), cookie], body.encode("utf-8")
 
     # --- decisions -----------------------------------------------------------------
 
@@ -385,10 +435,9 @@ class LabelPage:
         if environ is not None:
             query = dict(urllib.parse.parse_qsl(environ.get("QUERY_STRING", ""),
                                                 max_num_fields=MAX_FORM_FIELDS))
-            session, new = self._session(environ, create=True)
-            if new:
-                headers.append(("Set-Cookie", "%s=%s; HttpOnly; SameSite=Strict; Path=/"
-                                % (COOKIE, session.token)))
+            session = self._session(environ, create=True)
+            if session is None:
+                return self._welcome(query)
         else:
             query = form or {}
         view = self._view(query.get("view"))

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from slimserve import fields
 from slimserve.cli import logs
 from slimserve.serving.tools import compare
+from slimserve.serving.tools import label_candidates
 from slimserve.serving.tools import outputs
 
 
@@ -51,10 +52,12 @@ CONFIG = CompareConfig
 def main(config, args):
     del args
     outputs.check_output(config.json_output, "--json_output")
-    requests = compare.read_requests(config.logs, config.max_requests)
+    scan = label_candidates.Scan()
+    requests = compare.read_requests(config.logs, config.max_requests, scan)
     with tqdm(total=len(requests), disable=not config.progress, unit="req") as bar:
         report = compare.compare(requests, config.baseline, config.candidate,
                                  progress=bar.update)
+    report["skipped_logs"] = compare.skipped_json(scan)
     report["min_agreement"] = config.min_agreement
     report["max_candidate_error_rate"] = config.max_candidate_error_rate
     reasons = compare.verdict(report, config.min_agreement, config.max_candidate_error_rate)
@@ -65,6 +68,10 @@ def main(config, args):
             json.dump(report, handle, indent=2)
     print(compare.format_report(report, config.min_agreement,
                                 config.max_candidate_error_rate))
+    if scan.skipped:
+        print("not replayed: %s" % "; ".join(
+            ["%d %s" % (n, why) for why, n in sorted(scan.skipped.items())] +
+            ["%s (%s)" % (path, why) for path, (_, why) in scan.skipped_files.items()]))
     if reasons:
         print("slimserve-compare: candidate REFUSED: %s" % "; ".join(reasons),
               file=sys.stderr)

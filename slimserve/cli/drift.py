@@ -9,8 +9,9 @@ model version that answered them (default: the one that answered last), and test
 windows of its traffic against the reference the version's export recorded
 (assets.extra/reference/): class-prior, confidence, image-statistics and embedding shift,
 each with a threshold calibrated by permutation. Prints one line per statistic of the
-newest window and, last, `drift: yes` or `drift: no`; exits 0 either way (1 only on an
-error). With --output_dir: report.json ("drift": true|false and each statistic with its
+newest window and, last, `drift: yes` or `drift: no`, and exits 0 either way; when a
+statistic could not be computed and none of the others drifts, `drift: unknown` and exit
+status 1 (a statistic not computed is no evidence of no drift), as on an error. With --output_dir: report.json ("drift": true|false and each statistic with its
 threshold), report.html (which statistic moved, since when, the most atypical served
 images) and candidates.jsonl (the images most worth labelling, for slimserve-label).
 """
@@ -139,16 +140,22 @@ def analyse(config):
         run = drift_reader.DriftRun(
             reference, options, model, other, config.max_windows, config.max_candidates,
             config.thumbnails, config.max_image_pixels, config.max_image_bytes)
-        scan = label_candidates.Scan()
+        tested = label_candidates.Scan()
         with _bar(config, "testing served images", min(available, config.max_images)) as bar:
             for served in drift_reader.served_images(
-                    selection, max(0, available - config.max_images), scan, bar.update):
+                    selection, max(0, available - config.max_images), tested, bar.update):
                 run.add(served)
         outcome = run.finish()
     finally:
         model.close()
         if other is not None:
             other.close()
+    # Pass 1 decoded every record of every file read: its counts are the report's; pass 2
+    # adds the records of other versions in the files tested (and a file damaged since).
+    scan = selection.scan
+    scan.skipped.update({why: n for why, n in tested.skipped.items()
+                         if why == "other model or version"})
+    scan.add_files(tested)
     context["scan"] = scan
     if not model.has_embeddings:
         context["not_computed"] = {"embeddings": "version %d has no embeddings signature"
@@ -182,6 +189,9 @@ def main(config, args):
                          len(outcome.candidates), paths["candidates"])
     for line in drift_report.lines(report):
         print(line, flush=True)
+    if report["drift"] is None:
+        raise errors.UserError("could not tell whether the traffic drifts: %s" % "; ".join(
+            "%s not computed (%s)" % item for item in sorted(report["not_computed"].items())))
     return 0
 
 

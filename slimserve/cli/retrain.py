@@ -41,7 +41,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import sys
 
 from slimserve import errors
@@ -117,25 +116,29 @@ CONFIG = RetrainConfig
 
 @dataclasses.dataclass
 class Serving:
-    """The served model: where its versions are and which one serves (stable)."""
+    """The served model: where its versions are and which one serves (stable), and what
+    publishing compares against: the model config file and the published versions as
+    the run read them at its start."""
     name: str
     base_path: str
     version: int
     version_dir: str
     class_names: list
     labels: dict
+    snapshot: object = None  # model_config.Snapshot of --model_config_file
+    published: list = dataclasses.field(default_factory=list)  # versions under base_path
 
 
 def _serving(config):
-    from slimserve.serving.config import files  # pylint: disable=import-outside-toplevel
+    from slimserve.export import versions as export_versions  # pylint: disable=import-outside-toplevel
     from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
     from slimserve.serving.core import version_dirs  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import image_classifier  # pylint: disable=import-outside-toplevel
-    name, base, labels = config.served_model, config.model_base_path, {}
+    name, base, labels, snapshot = config.served_model, config.model_base_path, {}, None
     if config.model_config_file:
         where = "--model_config_file %s" % config.model_config_file
-        entry = model_config.model_entry(
-            files.read_model_server_config(config.model_config_file), name, where)
+        snapshot = model_config.read_snapshot(config.model_config_file)
+        entry = model_config.model_entry(snapshot.config, name, where)
         name, labels = entry.name, dict(entry.version_labels)
         base = base or entry.base_path
     if not base:
@@ -152,7 +155,7 @@ def _serving(config):
     if not names:
         raise errors.UserError("%s has no assets/labels.txt: its classes are unknown" % path)
     return Serving(name or os.path.basename(base.rstrip("/")), base, version, path, names,
-                   labels)
+                   labels, snapshot, export_versions.list_versions(base))
 
 
 @contextlib.contextmanager
@@ -270,15 +273,18 @@ def _bar(config, description, total):
 def check(config, serving, candidate, new_data, original_data):
     """The canary check; returns (report dict, [reasons to refuse])."""
     from slimserve.serving.tools import compare  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
     report, reasons = {}, []
     if config.logs:
-        requests = compare.read_requests(config.logs, config.max_requests)
+        scan = label_candidates.Scan()
+        requests = compare.read_requests(config.logs, config.max_requests, scan)
         with _bar(config, "replaying logged traffic", len(requests)) as bar:
             traffic = compare.compare(requests, serving.version_dir, candidate,
                                       progress=bar.update)
         report["traffic"] = {key: traffic[key] for key in (
             "requests", "predictions", "agreement", "baseline_error_rate",
             "candidate_error_rate", "errors_candidate", "flips")}
+        report["traffic"]["skipped_logs"] = compare.skipped_json(scan)
         reasons += compare.verdict(traffic, None, config.max_candidate_error_rate)
     sets = {}
     for key, data_dir, split in (("holdout", new_data, "validation"),
@@ -309,36 +315,37 @@ def check(config, serving, candidate, new_data, original_data):
 
 
 def publish(config, serving, candidate):
-    """Copies the candidate into the base path as a new version (whole or not at all) and
-    labels it canary (and stable with --promote) in --model_config_file; returns
-    (version, labels)."""
+    """Copies the candidate into the base path as a new version labelled canary (and
+    stable with --promote) in --model_config_file; returns (version, labels). A
+    compare-and-swap on what the run read at its start (serving.snapshot, the versions
+    serving.published): a config someone changed, a version added or removed, or a
+    config that cannot be written refuses it (a UserError naming what) with nothing
+    servable left behind; the config names the version before it appears
+    (export/versions.py publish_announced has the order and its crash points)."""
     from slimserve.export import versions  # pylint: disable=import-outside-toplevel
     from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
-    with errors.writing(serving.base_path, "--model_base_path"):
-        version, temp = versions.claim_version(serving.base_path)
-        try:
-            shutil.copytree(candidate, temp, dirs_exist_ok=True)
-            final = versions.publish(serving.base_path, version, temp)
-        except BaseException:
-            versions.discard(temp)
-            raise
-    logging.info("published %s as %s", candidate, final)
     labels = dict(serving.labels)
-    labels.setdefault(STABLE, serving.version)
-    labels[CANARY] = version
-    if config.promote:
-        labels[STABLE] = version
-    model_config.set_version_labels(config.model_config_file, serving.name, labels,
-                                    set(labels.values()) | {serving.version})
+
+    def announce(version):
+        labels.setdefault(STABLE, serving.version)
+        labels[CANARY] = version
+        if config.promote:
+            labels[STABLE] = version
+        return model_config.prepare_version_labels(
+            config.model_config_file, serving.name, labels,
+            set(labels.values()) | {serving.version}, expected=serving.snapshot)
+
+    with errors.writing(serving.base_path, "--model_base_path"):
+        version, final = versions.publish_announced(serving.base_path, candidate,
+                                                    serving.published, announce)
+    logging.info("published %s as %s", candidate, final)
     return version, labels
 
 
 def main(config, args):
     if args:
         raise errors.UserError("unexpected arguments: %s" % " ".join(args))
-    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
-    from slimserve.estimator import merge  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import outputs  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import run_lock  # pylint: disable=import-outside-toplevel
     if config.publish and not config.model_config_file:
         raise errors.UserError("--model_config_file is needed to publish under the canary "
                                "label (or pass --nopublish to check only)")
@@ -346,6 +353,23 @@ def main(config, args):
         raise errors.UserError("--promote needs --publish")
     if not os.path.isdir(config.labels_dir):
         raise errors.UserError("--labels_dir %s is not a folder" % config.labels_dir)
+    model_dir = config.train.run.model_dir
+    # One retrain per --model_dir, refused before anything is written there: a second
+    # one would replace the held-out labels the first judges its candidate by.
+    with errors.writing(model_dir, "--model_dir"):
+        lock = run_lock.RunLock.for_retrain(model_dir, config.train.guards.force_unlock)
+        lock.acquire()
+    try:
+        return _locked_main(config)
+    finally:
+        lock.release()
+
+
+def _locked_main(config):
+    """main() once the retrain lock of --model_dir is held."""
+    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
+    from slimserve.estimator import merge  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.tools import outputs  # pylint: disable=import-outside-toplevel
     serving = _serving(config)
     original = config.train.data.data_dir
     model_dir = config.train.run.model_dir
@@ -396,9 +420,12 @@ def main(config, args):
     report["passed"] = not reasons
     report["refused_because"] = reasons
     if not reasons and config.publish:
-        version, labels = publish(config, serving, candidate)
-        report["published"] = {"version": version, "labels": labels,
-                               "model_config_file": config.model_config_file}
+        try:
+            version, labels = publish(config, serving, candidate)
+            report["published"] = {"version": version, "labels": labels,
+                                   "model_config_file": config.model_config_file}
+        except errors.UserError as error:  # the candidate passed; publishing was refused
+            report["publish_refused"] = str(error)
     with outputs.write_atomically(os.path.join(model_dir, REPORT), "--model_dir") as handle:
         json.dump(report, handle, indent=2, sort_keys=True)
     for key, what in (("holdout", "held-out new labels"),
@@ -415,6 +442,9 @@ def main(config, args):
         print("slimserve-retrain: candidate REFUSED: %s" % "; ".join(reasons),
               file=sys.stderr)
         sys.exit(1)
+    if "publish_refused" in report:
+        raise errors.UserError("the candidate passed, publishing it was refused: %s (the "
+                               "candidate: %s)" % (report["publish_refused"], candidate))
     if "published" in report:
         print("published version %d: %s" % (report["published"]["version"], ", ".join(
             "%s=%d" % item for item in sorted(report["published"]["labels"].items()))))
