@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from slimserve import compute
+from slimserve import cpu
 from slimserve import errors as user_errors
 from slimserve.export import signatures
 from slimserve.serving.core import errors
@@ -85,8 +86,14 @@ def bfloat16_parity(export_dir, images, reference):
     """{"bf16_argmax_agreement", "bf16_max_abs_probability_diff", "bf16_images"} of the
     export run as --mixed_precision=bfloat16 serves it, against `reference` (float32
     probabilities of the same images); {"bf16_unavailable": why} where this process
-    cannot run the rewrite (compute.bfloat16_unavailable)."""
+    cannot run the rewrite (compute.bfloat16_unavailable) or the CPU has no native
+    bfloat16."""
     reason = compute.bfloat16_unavailable()
+    if reason is None and cpu.cpu_supports_bf16() is False and not \
+            tf.config.list_physical_devices("GPU"):
+        # oneDNN would only emulate it (or fall back, logging an error line per session):
+        # the figures would say nothing about bfloat16 serving on a CPU that has it
+        reason = "this CPU has neither AVX512_BF16 nor AMX"
     if reason:
         return {"bf16_unavailable": reason}
     config = compute.enable_bfloat16(tf.compat.v1.ConfigProto(),
