@@ -15,6 +15,7 @@ import json
 import logging
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from slimserve import errors
@@ -22,6 +23,7 @@ from slimserve.estimator import compat
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
 from slimserve.export import blessing
+from slimserve.export import openvino as openvino_lib
 from slimserve.export import reference as reference_lib
 from slimserve.export import signatures
 from slimserve.export import tflite as tflite_lib
@@ -52,7 +54,7 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
                       num_verify_images=8, eval_result=None, warmup_from=None,
                       max_image_pixels=None, tflite=False,
                       tflite_min_agreement=tflite_lib.DEFAULT_MIN_AGREEMENT,
-                      reference_images=reference_lib.DEFAULT_IMAGES):
+                      reference_images=reference_lib.DEFAULT_IMAGES, openvino=None):
     """Writes, verifies and publishes one version; returns its directory.
 
     warmup_from: a glob of request logs to build the warmup requests from (validation
@@ -62,7 +64,10 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
     classes must agree with the SavedModel's on `tflite_min_agreement` of the
     verification images. reference_images: the size of the sample of `eval_split` images
     the version's reference records (export/reference.py; 0: none), with the training
-    split's class counts and example images per class."""
+    split's class counts and example images per class. openvino: an
+    openvino.OpenVinoSettings to also write openvino/model.xml (export/openvino.py),
+    parity-checked like model.tflite, and with `int8` its int8 IR behind the accuracy
+    guard (calibrated on the reference images); None: no IR."""
     if max_image_pixels:
         preprocess = dataclasses.replace(preprocess, max_image_pixels=max_image_pixels)
     config = model.ModelConfig(**estimator.params)
@@ -79,11 +84,18 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
         if tflite:
             report.update(tflite_lib.check_parity(temp_dir, images, preprocess,
                                                   tflite_min_agreement))
+        if openvino is not None:
+            openvino_lib.write_openvino(temp_dir)
+            report.update(openvino_lib.check_parity(temp_dir, images, preprocess,
+                                                    openvino.min_agreement))
         if reference_images and data_dir:
             report.update(reference_lib.write_reference(temp_dir, data_dir, eval_split,
                                                         reference_images))
         elif reference_images:
             logging.warning("no reference recorded: no data set to take it from")
+        if openvino is not None and openvino.int8:
+            report.update(_int8(temp_dir, data_dir, eval_split, reference_images,
+                                preprocess, openvino))
         if report:
             logging.info("export verified: %s", report)
         if eval_result is not None:
@@ -94,6 +106,22 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
     return writer.write_saved_model(export_base, checkpoint_path, config, preprocess,
                                     sample_jpegs=images[:3], before_publish=before_publish,
                                     warmup_records=warmup.traffic_warmup(warmup_from))
+
+
+def _int8(export_dir, data_dir, eval_split, count, preprocess, settings):
+    """openvino/model_int8.xml calibrated and guarded on the reference images (the same
+    seeded sample of `eval_split` the reference records) -> the guard's report."""
+    if not (count and data_dir):
+        logging.warning("no int8 IR: it is calibrated on the reference images "
+                        "(--reference_images > 0 and a data set)")
+        return {}
+    sample, _ = reference_lib.sample_split(data_dir, eval_split, count)
+    pixels = openvino_lib.pixels_of([encoded for encoded, _ in sample], preprocess)
+    labels = np.array([label for _, label in sample])
+    _, report = openvino_lib.quantize_int8(export_dir, pixels, pixels, labels,
+                                           settings.int8_min_agreement,
+                                           settings.int8_max_accuracy_drop)
+    return report
 
 
 class _SlimserveExporter(tf.estimator.Exporter):
