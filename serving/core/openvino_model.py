@@ -70,7 +70,7 @@ def find_cut(graph, signature_defs):
         raise NotConvertible("no %r signature with input %r: the network's input is not "
                              "known" % (conventions.PREDICT_IMAGES, conventions.IMAGES))
     images = graph.get_tensor_by_name(images_sig.inputs[conventions.IMAGES].name)
-    below = _computed_from(images)
+    below = computed_from(images)
     outputs = set()
     for signature_def in signature_defs.values():
         for info in signature_def.outputs.values():
@@ -81,7 +81,7 @@ def find_cut(graph, signature_defs):
     return Cut(images.name, sorted(t.name for t in outputs))
 
 
-def _computed_from(tensor):
+def computed_from(tensor):
     """Every tensor whose value depends (through data edges) on `tensor`."""
     seen, todo = {tensor}, [tensor]
     while todo:
@@ -144,7 +144,7 @@ def convert(session, cut):
     try:
         model = ov.convert_model(graph_def)
     except Exception as error:  # pylint: disable=broad-except  (OpConversionFailure, ...)
-        raise NotConvertible("openvino.convert_model failed: %s" % _first_line(error)) \
+        raise NotConvertible("openvino.convert_model failed: %s" % first_line(error)) \
             from None
     by_sink = {}
     for port in model.outputs:
@@ -193,7 +193,7 @@ def read(version_dir, filename=MODEL_FILE):
     try:
         return ov.Core().read_model(path)
     except Exception as error:  # pylint: disable=broad-except  (RuntimeError of the reader)
-        raise NotConvertible("%s does not read: %s" % (filename, _first_line(error))) \
+        raise NotConvertible("%s does not read: %s" % (filename, first_line(error))) \
             from None
 
 
@@ -220,7 +220,7 @@ def compile_model(model, precision=FP32, num_streams=0):
     try:
         return runtime().Core().compile_model(model, "CPU", config)
     except Exception as error:  # pylint: disable=broad-except  (RuntimeError: no plugin...)
-        raise NotConvertible("the CPU plugin does not compile it: %s" % _first_line(error)) \
+        raise NotConvertible("the CPU plugin does not compile it: %s" % first_line(error)) \
             from None
 
 
@@ -233,7 +233,7 @@ def run_compiled(request, images):
             for index in range(len(request.model_outputs))]
 
 
-def _first_line(error):
+def first_line(error):
     """The first line of an OpenVINO error that says something (its C++ messages start
     with lines naming the source file that threw)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]

@@ -75,9 +75,11 @@ class OpenVinoServable(Servable):
         self._outputs = ()  # the Cut's output names in the compiled model's order
         try:
             self._prepare()
-        except openvino_model.NotConvertible as error:
+        except Exception as error:  # pylint: disable=broad-except  (TF still serves it)
+            reason = str(error) if isinstance(error, openvino_model.NotConvertible) else \
+                "%s: %s" % (type(error).__name__, openvino_model.first_line(error))
             logging.warning("model %s version %d: OpenVINO cannot serve it (%s); "
-                            "TensorFlow serves it", name, version, error)
+                            "TensorFlow serves it", name, version, reason)
             self.runtime = TENSORFLOW
             self._requests = None
 
@@ -120,7 +122,7 @@ class OpenVinoServable(Servable):
             requests.put(compiled.create_infer_request())
         self.cut, self.precision, self._requests = cut, precision, requests
         images = self.graph.get_tensor_by_name(cut.images)
-        self._below = frozenset(t.name for t in openvino_model._computed_from(images))  # pylint: disable=protected-access
+        self._below = frozenset(t.name for t in openvino_model.computed_from(images))
 
     def run(self, signature_def, feeds, output_keys, deadline=None):
         """As Servable.run; the network on OpenVINO (see the module docstring)."""
