@@ -127,8 +127,9 @@ def _int8(export_dir, data_dir, eval_split, count, preprocess, settings):
 class _SlimserveExporter(tf.estimator.Exporter):
     def __init__(self, name, preprocess, data_dir, eval_split, verify,
                  min_metric=blessing.AUTO, best_metric="accuracy", warmup_from=None,
-                 written=None):
+                 written=None, openvino=None):
         self._name = name
+        self._openvino = openvino  # an openvino.OpenVinoSettings: also write the IR
         self._preprocess = preprocess
         self._data_dir = data_dir
         self._eval_split = eval_split
@@ -173,7 +174,7 @@ class _SlimserveExporter(tf.estimator.Exporter):
             path = export_checkpoint(estimator, export_path, checkpoint_path,
                                      self._preprocess, self._data_dir, self._eval_split,
                                      self._verify, eval_result=eval_result,
-                                     warmup_from=self._warmup_from)
+                                     warmup_from=self._warmup_from, openvino=self._openvino)
             self._written[checkpoint_path] = path
         self.exported.append(path)
         return path
@@ -196,9 +197,9 @@ class BestExporter(_SlimserveExporter):
 
     def __init__(self, name, preprocess, data_dir, eval_split, verify,
                  metric="accuracy", exports_to_keep=3, min_metric=blessing.AUTO,
-                 warmup_from=None, written=None):
+                 warmup_from=None, written=None, openvino=None):
         super().__init__(name, preprocess, data_dir, eval_split, verify, min_metric,
-                         metric, warmup_from, written)
+                         metric, warmup_from, written, openvino)
         self._metric = metric
         writer.check_exports_to_keep(exports_to_keep)  # request-bounds: 0 kept everything
         self._keep = exports_to_keep
@@ -237,17 +238,20 @@ class BestExporter(_SlimserveExporter):
 
 def make_exporters(preprocess, data_dir, eval_split, exports_to_keep=3,
                    best_metric="accuracy", verify=True, min_metric=blessing.AUTO,
-                   warmup_from=None):
+                   warmup_from=None, openvino=None):
     """The exporters slimserve-train attaches: export/final/<v> and export/best/<v>, both
-    gated by `min_metric` (--export_min_metric); a checkpoint both want is exported once."""
+    gated by `min_metric` (--export_min_metric); a checkpoint both want is exported once.
+    openvino: an openvino.OpenVinoSettings to write each version's OpenVINO IR too (None,
+    as slimserve-train: the server converts at load)."""
     written = {}
     return [
         FinalExporter("final", preprocess, data_dir, eval_split, verify,
                       min_metric=min_metric, best_metric=best_metric, warmup_from=warmup_from,
-                      written=written),
+                      written=written, openvino=openvino),
         BestExporter("best", preprocess, data_dir, eval_split, verify,
                      metric=best_metric, exports_to_keep=exports_to_keep,
-                     min_metric=min_metric, warmup_from=warmup_from, written=written),
+                     min_metric=min_metric, warmup_from=warmup_from, written=written,
+                     openvino=openvino),
     ]
 
 

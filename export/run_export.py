@@ -103,6 +103,9 @@ class ExportConfig:
 def _openvino_settings(config):
     """The OpenVinoSettings of the flags, or None (off, or no openvino here: said once)."""
     if not config.openvino:
+        if config.openvino_int8:
+            raise errors.UserError("--openvino_int8 quantizes the IR --openvino writes: give "
+                                   "both")
         return None
     missing = openvino_lib.available()
     if missing:
@@ -125,6 +128,7 @@ def export_run(config):
     a missing run or checkpoint, a refused gate, a failed verification or a path under
     --export_base that cannot be written."""
     blessing.parse(config.export_min_metric)
+    openvino = _openvino_settings(config)  # a bad combination fails before any work
     run = run_files.read(config.model_dir)
     checkpoint = config.checkpoint_path or tf.train.latest_checkpoint(config.model_dir)
     if not checkpoint or not tf.io.gfile.exists(checkpoint + ".index"):
@@ -145,5 +149,5 @@ def export_run(config):
             max_image_pixels=config.max_image_pixels, tflite=config.tflite,
             tflite_min_agreement=config.tflite_min_agreement,
             reference_images=config.reference_images,
-            openvino=_openvino_settings(config))
+            openvino=openvino)
     return ExportResult(path, gate, [os.path.join(export_base, name) for name in removed])

@@ -9,6 +9,7 @@ version's runtime; bf16 says when this CPU lacks it; int8 is refused, saying by 
 when it fails its accuracy guard. Cost: one export, two in-process servers, a few
 servables, one NNCF quantization (~20 s). Skipped where openvino is not installed."""
 import base64
+import concurrent.futures
 import logging
 import os
 import re
@@ -29,10 +30,12 @@ from slimserve.estimator import run_files
 from slimserve.estimator import schema
 from slimserve.estimator import splits
 from slimserve.export import openvino as ov_export
+from slimserve.export import run_export
 from slimserve.export import signatures
 from slimserve.serving import options as options_lib
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
+from slimserve.serving.core import batching
 from slimserve.serving.core import openvino_model
 from slimserve.serving.core import openvino_servable
 from slimserve.serving.core import servable as servable_lib
@@ -188,32 +191,49 @@ def test_a_model_on_openvino_answers_every_signature_as_tensorflow(ir_export, va
     assert len(set(expected[signatures.PREDICT_IMAGES][0])) > 1  # real, varied answers
 
 
-def test_a_version_without_an_ir_is_converted_at_load(ir_export, validation, tmp_path,
-                                                      caplog):
+def test_a_version_without_an_ir_is_converted_at_load_and_batched(ir_export, validation,
+                                                                   tmp_path, caplog,
+                                                                   monkeypatch):
+    """--prefer_openvino_model on a copy without openvino/: converted at load (the copy
+    left as it was); with --enable_batching, four concurrent 6-row requests reach OpenVINO
+    merged (one run per batch, 24 rows in all) and each gets TensorFlow's answer."""
     _, version_dir, _ = ir_export
     copy = _copy(version_dir, tmp_path, keep_ir=False)
     _, _, pixels = validation
+    runs = []
+    real = openvino_model.run_compiled
+    monkeypatch.setattr(openvino_model, "run_compiled",
+                        lambda request, images: runs.append(len(images)) or real(request,
+                                                                                 images))
+    parameters = batching.BatchingParameters(max_batch_size=IMAGES,
+                                             batch_timeout_micros=2000000)
     with caplog.at_level(logging.INFO):
         server = serve_in_process([model_config.ServedModel("resnet", os.path.dirname(copy))],
                                   prefer_openvino_model=True, rest_api_port=0,
-                                  enable_model_warmup=False)
+                                  enable_model_warmup=False, enable_batching=True,
+                                  batching_parameters=parameters)
     try:
         assert 'runtime="openvino"' in _runtime_line(server, "resnet")
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = "resnet"
-        request.model_spec.signature_name = signatures.PREDICT_IMAGES
-        request.inputs[signatures.IMAGES].CopyFrom(tf.make_tensor_proto(pixels))
-        with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
-            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
-                request, timeout=120)
+
+        def predict(rows):
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = "resnet"
+            request.model_spec.signature_name = signatures.PREDICT_IMAGES
+            request.inputs[signatures.IMAGES].CopyFrom(tf.make_tensor_proto(rows))
+            with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
+                return tf.make_ndarray(prediction_service_pb2_grpc.PredictionServiceStub(
+                    channel).Predict(request, timeout=120).outputs[signatures.PROBABILITIES])
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            parts = list(pool.map(predict, [pixels[i:i + 6] for i in range(0, IMAGES, 6)]))
     finally:
         server.stop()
     assert [r for r in caplog.records if "converted at load" in r.getMessage()]
     assert not os.path.exists(os.path.join(copy, openvino_model.MODEL_FILE))  # read-only
+    assert sum(runs) == IMAGES and len(runs) < 4, runs
     expected = _tensorflow(copy, signatures.PREDICT_IMAGES, {signatures.IMAGES: pixels},
                            [signatures.PROBABILITIES])[signatures.PROBABILITIES]
-    np.testing.assert_allclose(tf.make_ndarray(response.outputs[signatures.PROBABILITIES]),
-                               expected, atol=PROBABILITY_TOLERANCE)
+    np.testing.assert_allclose(np.concatenate(parts), expected, atol=PROBABILITY_TOLERANCE)
 
 
 def test_a_broken_ir_is_served_by_tensorflow_after_one_line(ir_export, validation, tmp_path,
@@ -276,9 +296,12 @@ def test_bf16_and_int8_say_when_they_cannot_run(ir_export, caplog):
             assert "no openvino/model_int8.xml" in lines[0]
 
 
-def test_int8_is_refused_saying_by_how_much(ir_export, validation, tmp_path):
+def test_int8_is_refused_saying_by_how_much_or_kept_and_served(ir_export, validation,
+                                                               tmp_path):
     """NNCF calibrated on images 1000 times too bright: every real image lands in a few
-    quantization steps, int8 answers far from fp32, and the guard refuses it."""
+    quantization steps, int8 answers far from fp32, and the guard refuses it. Calibrated
+    on the real images and given a bar it clears, it is kept, and --openvino_precision=int8
+    serves it: the classes agree with fp32 exactly as the guard measured."""
     _, version_dir, _ = ir_export
     copy = _copy(version_dir, tmp_path)
     _, labels, pixels = validation
@@ -291,6 +314,24 @@ def test_int8_is_refused_saying_by_how_much(ir_export, validation, tmp_path):
     folder = os.path.dirname(os.path.join(copy, openvino_model.INT8_MODEL_FILE))
     assert sorted(os.listdir(folder)) == ["model.bin", "model.xml"]  # nothing else left
     assert "int8 refused" in ov_export.describe_int8(copy)
+
+    kept, report = ov_export.quantize_int8(copy, pixels, pixels, labels, min_agreement=0.0,
+                                           max_accuracy_drop=1.0)
+    assert kept and "refused" not in report
+    assert sorted(os.listdir(folder)) == ["model.bin", "model.xml", "model_int8.bin",
+                                          "model_int8.xml"]
+    servable = openvino_servable.OpenVinoServable(
+        "resnet", 1, copy, options=openvino_servable.OpenVinoOptions(precision="int8"))
+    try:
+        assert (servable.runtime, servable.precision) == ("openvino", "int8")
+        int8 = servable.run(servable.signatures[signatures.PREDICT_IMAGES],
+                            {signatures.IMAGES: pixels}, [signatures.CLASSES])
+    finally:
+        servable.retire()
+    fp32 = _tensorflow(copy, signatures.PREDICT_IMAGES, {signatures.IMAGES: pixels},
+                       [signatures.CLASSES])
+    assert np.mean(int8[signatures.CLASSES] == fp32[signatures.CLASSES]) == \
+        report["int8_agreement"]
 
 
 def test_the_platform_and_the_flags_are_checked(tmp_path):
@@ -317,3 +358,7 @@ def test_the_platform_and_the_flags_are_checked(tmp_path):
     with pytest.raises(user_errors.UserError, match="--openvino_precision must be one of "
                        "fp32, bf16, int8"):
         options_lib.ServerOptions(model_base_path="/m/a", openvino_precision="fp16").check()
+    with pytest.raises(user_errors.UserError, match="--openvino_int8 quantizes the IR "
+                       "--openvino writes: give both"):
+        run_export.export_run(run_export.ExportConfig(model_dir=str(tmp_path),
+                                                      openvino_int8=True))
