@@ -53,6 +53,14 @@ setup(
         # TF Text's op libraries: TF Serving links them into tensorflow_model_server, so
         # models using them load there (serving/core/custom_ops.py registers them here).
         "tensorflow-text>=2.15,<2.16",
+        # The second runtime (--prefer_openvino_model, slimserve-export --openvino;
+        # serving/core/openvino_servable.py) and its int8 post-training quantization
+        # (--openvino_int8). Their current wheels need Python >= 3.10; on 3.9 they are left
+        # out and the server runs every version on TensorFlow, saying so in one line.
+        # openvino 2026.4 and nncf 3.4 install beside tensorflow 2.15.1, protobuf 4.25 and
+        # numpy 1.26 (`pip check` clean).
+        "openvino>=2025,<2027; python_version>='3.10'",
+        "nncf>=2.14; python_version>='3.10'",
     ],
     extras_require={
         # pytest-xdist: `make test` runs the suite on two workers (tests/scheduling.py);

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from slimserve import errors
@@ -22,6 +23,7 @@ from slimserve.estimator import compat
 from slimserve.estimator import model
 from slimserve.estimator import preprocessing
 from slimserve.export import blessing
+from slimserve.export import openvino as openvino_lib
 from slimserve.export import reference as reference_lib
 from slimserve.export import signatures
 from slimserve.export import tflite as tflite_lib
@@ -52,7 +54,7 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
                       num_verify_images=8, eval_result=None, warmup_from=None,
                       max_image_pixels=None, tflite=False,
                       tflite_min_agreement=tflite_lib.DEFAULT_MIN_AGREEMENT,
-                      reference_images=reference_lib.DEFAULT_IMAGES):
+                      reference_images=reference_lib.DEFAULT_IMAGES, openvino=None):
     """Writes, verifies and publishes one version; returns its directory.
 
     warmup_from: a glob of request logs to build the warmup requests from (validation
@@ -62,7 +64,10 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
     classes must agree with the SavedModel's on `tflite_min_agreement` of the
     verification images. reference_images: the size of the sample of `eval_split` images
     the version's reference records (export/reference.py; 0: none), with the training
-    split's class counts and example images per class."""
+    split's class counts and example images per class. openvino: an
+    openvino.OpenVinoSettings to also write openvino/model.xml (export/openvino.py),
+    parity-checked like model.tflite, and with `int8` its int8 IR behind the accuracy
+    guard (calibrated on the reference images); None: no IR."""
     if max_image_pixels:
         preprocess = dataclasses.replace(preprocess, max_image_pixels=max_image_pixels)
     config = model.ModelConfig(**estimator.params)
@@ -79,11 +84,18 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
         if tflite:
             report.update(tflite_lib.check_parity(temp_dir, images, preprocess,
                                                   tflite_min_agreement))
+        if openvino is not None:
+            openvino_lib.write_openvino(temp_dir)
+            report.update(openvino_lib.check_parity(temp_dir, images, preprocess,
+                                                    openvino.min_agreement))
         if reference_images and data_dir:
             report.update(reference_lib.write_reference(temp_dir, data_dir, eval_split,
                                                         reference_images))
         elif reference_images:
             logging.warning("no reference recorded: no data set to take it from")
+        if openvino is not None and openvino.int8:
+            report.update(_int8(temp_dir, data_dir, eval_split, reference_images,
+                                preprocess, openvino))
         if report:
             logging.info("export verified: %s", report)
         if eval_result is not None:
@@ -96,11 +108,28 @@ def export_checkpoint(estimator, export_base, checkpoint_path, preprocess,
                                     warmup_records=warmup.traffic_warmup(warmup_from))
 
 
+def _int8(export_dir, data_dir, eval_split, count, preprocess, settings):
+    """openvino/model_int8.xml calibrated and guarded on the reference images (the same
+    seeded sample of `eval_split` the reference records) -> the guard's report."""
+    if not (count and data_dir):
+        logging.warning("no int8 IR: it is calibrated on the reference images "
+                        "(--reference_images > 0 and a data set)")
+        return {}
+    sample, _ = reference_lib.sample_split(data_dir, eval_split, count)
+    pixels = openvino_lib.pixels_of([encoded for encoded, _ in sample], preprocess)
+    labels = np.array([label for _, label in sample])
+    _, report = openvino_lib.quantize_int8(export_dir, pixels, pixels, labels,
+                                           settings.int8_min_agreement,
+                                           settings.int8_max_accuracy_drop)
+    return report
+
+
 class _SlimserveExporter(tf.estimator.Exporter):
     def __init__(self, name, preprocess, data_dir, eval_split, verify,
                  min_metric=blessing.AUTO, best_metric="accuracy", warmup_from=None,
-                 written=None):
+                 written=None, openvino=None):
         self._name = name
+        self._openvino = openvino  # an openvino.OpenVinoSettings: also write the IR
         self._preprocess = preprocess
         self._data_dir = data_dir
         self._eval_split = eval_split
@@ -145,7 +174,7 @@ class _SlimserveExporter(tf.estimator.Exporter):
             path = export_checkpoint(estimator, export_path, checkpoint_path,
                                      self._preprocess, self._data_dir, self._eval_split,
                                      self._verify, eval_result=eval_result,
-                                     warmup_from=self._warmup_from)
+                                     warmup_from=self._warmup_from, openvino=self._openvino)
             self._written[checkpoint_path] = path
         self.exported.append(path)
         return path
@@ -168,9 +197,9 @@ class BestExporter(_SlimserveExporter):
 
     def __init__(self, name, preprocess, data_dir, eval_split, verify,
                  metric="accuracy", exports_to_keep=3, min_metric=blessing.AUTO,
-                 warmup_from=None, written=None):
+                 warmup_from=None, written=None, openvino=None):
         super().__init__(name, preprocess, data_dir, eval_split, verify, min_metric,
-                         metric, warmup_from, written)
+                         metric, warmup_from, written, openvino)
         self._metric = metric
         writer.check_exports_to_keep(exports_to_keep)  # request-bounds: 0 kept everything
         self._keep = exports_to_keep
@@ -209,17 +238,20 @@ class BestExporter(_SlimserveExporter):
 
 def make_exporters(preprocess, data_dir, eval_split, exports_to_keep=3,
                    best_metric="accuracy", verify=True, min_metric=blessing.AUTO,
-                   warmup_from=None):
+                   warmup_from=None, openvino=None):
     """The exporters slimserve-train attaches: export/final/<v> and export/best/<v>, both
-    gated by `min_metric` (--export_min_metric); a checkpoint both want is exported once."""
+    gated by `min_metric` (--export_min_metric); a checkpoint both want is exported once.
+    openvino: an openvino.OpenVinoSettings to write each version's OpenVINO IR too (None,
+    as slimserve-train: the server converts at load)."""
     written = {}
     return [
         FinalExporter("final", preprocess, data_dir, eval_split, verify,
                       min_metric=min_metric, best_metric=best_metric, warmup_from=warmup_from,
-                      written=written),
+                      written=written, openvino=openvino),
         BestExporter("best", preprocess, data_dir, eval_split, verify,
                      metric=best_metric, exports_to_keep=exports_to_keep,
-                     min_metric=min_metric, warmup_from=warmup_from, written=written),
+                     min_metric=min_metric, warmup_from=warmup_from, written=written,
+                     openvino=openvino),
     ]
 
 

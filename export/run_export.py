@@ -23,6 +23,7 @@ from slimserve.estimator import preprocessing
 from slimserve.estimator import run_files
 from slimserve.export import blessing
 from slimserve.export import exporters
+from slimserve.export import openvino as openvino_lib
 from slimserve.export import reference as reference_lib
 from slimserve.export import tflite as tflite_lib
 from slimserve.export import writer
@@ -70,9 +71,49 @@ class ExportConfig:
         "images on which model.tflite and the SavedModel must give the same class.",
         fields.PROBABILITY)
 
+    openvino: bool = fields.option(
+        False, "Also write openvino/model.xml (+ .bin): the network from decoded images to "
+        "its outputs as an OpenVINO IR, for --prefer_openvino_model (which converts a "
+        "version without one at load); its classes must agree with the SavedModel's on "
+        "the verification images. Skipped, with one line, where openvino is not installed "
+        "(it needs Python >= 3.10).")
+    openvino_min_agreement: float = fields.option(
+        openvino_lib.DEFAULT_MIN_AGREEMENT, "With --openvino: the least fraction of "
+        "verification images on which the IR and the SavedModel must give the same class.",
+        fields.PROBABILITY)
+    openvino_int8: bool = fields.option(
+        False, "With --openvino: also write openvino/model_int8.xml, NNCF post-training "
+        "int8 quantization calibrated on the reference images, kept only when it passes "
+        "the accuracy guard below (else refused with a line saying by how much; the export "
+        "goes on). Needs nncf and --reference_images > 0.")
+    openvino_int8_min_agreement: float = fields.option(
+        openvino_lib.DEFAULT_INT8_MIN_AGREEMENT, "With --openvino_int8: the least fraction "
+        "of reference images on which int8 and fp32 must give the same class.",
+        fields.PROBABILITY)
+    openvino_int8_max_accuracy_drop: float = fields.option(
+        openvino_lib.DEFAULT_INT8_MAX_ACCURACY_DROP, "With --openvino_int8: the most "
+        "int8's accuracy on the labelled reference images may fall below fp32's.",
+        fields.PROBABILITY)
+
     def base(self):
         """--export_base, or <model_dir>/export/manual."""
         return self.export_base or os.path.join(self.model_dir, "export", "manual")
+
+
+def _openvino_settings(config):
+    """The OpenVinoSettings of the flags, or None (off, or no openvino here: said once)."""
+    if not config.openvino:
+        if config.openvino_int8:
+            raise errors.UserError("--openvino_int8 quantizes the IR --openvino writes: give "
+                                   "both")
+        return None
+    missing = openvino_lib.available()
+    if missing:
+        logging.warning("no OpenVINO IR written: %s", missing)
+        return None
+    return openvino_lib.OpenVinoSettings(
+        config.openvino_min_agreement, config.openvino_int8,
+        config.openvino_int8_min_agreement, config.openvino_int8_max_accuracy_drop)
 
 
 @dataclasses.dataclass
@@ -87,6 +128,7 @@ def export_run(config):
     a missing run or checkpoint, a refused gate, a failed verification or a path under
     --export_base that cannot be written."""
     blessing.parse(config.export_min_metric)
+    openvino = _openvino_settings(config)  # a bad combination fails before any work
     run = run_files.read(config.model_dir)
     checkpoint = config.checkpoint_path or tf.train.latest_checkpoint(config.model_dir)
     if not checkpoint or not tf.io.gfile.exists(checkpoint + ".index"):
@@ -106,5 +148,6 @@ def export_run(config):
             config.verify, config.num_verify_images, warmup_from=config.warmup_from,
             max_image_pixels=config.max_image_pixels, tflite=config.tflite,
             tflite_min_agreement=config.tflite_min_agreement,
-            reference_images=config.reference_images)
+            reference_images=config.reference_images,
+            openvino=openvino)
     return ExportResult(path, gate, [os.path.join(export_base, name) for name in removed])

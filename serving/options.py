@@ -27,6 +27,7 @@ from slimserve.serving import limits
 from slimserve.serving.api import http_server
 from slimserve.serving.core import manager
 from slimserve.serving.core import tensors
+from slimserve.serving.core import openvino_servable
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.observability import drift
 from slimserve.serving.observability import drift_monitor
@@ -38,11 +39,12 @@ PICK_FREE_PORT = -1
 CPUS = limits.CPUS
 
 
-def _flag(default, help_text, bound=None, slimserve_only=False, no_effect=False, kind=None):
+def _flag(default, help_text, bound=None, slimserve_only=False, no_effect=False, kind=None,
+          choices=None):
     """A field that is also a command-line flag; `slimserve only` ones say so in --help."""
     return fields.option(default, help_text + (" (slimserve only)" if slimserve_only else ""),
                          bound, kind=kind, slimserve_only=slimserve_only,
-                         no_effect=no_effect)
+                         no_effect=no_effect, choices=choices)
 
 
 def _of(component, name, help_text, **metadata):
@@ -50,7 +52,8 @@ def _of(component, name, help_text, **metadata):
     field's (written once, in the component)."""
     field = component.__dataclass_fields__[name]
     return _flag(field.default, help_text, field.metadata.get("bound"),
-                 kind=field.metadata["kind"], **metadata)
+                 kind=field.metadata["kind"], choices=field.metadata.get("choices"),
+                 **metadata)
 
 
 def _parsed(help_text):
@@ -264,6 +267,22 @@ class ServerOptions:
         "TFLite batch scheduler: a request is split into pieces of at most 500/N rows and "
         "concurrent small requests are merged, run in parallel over the "
         "--num_tflite_pools interpreters.")
+    prefer_openvino_model: bool = _flag(
+        False, "Run every model's network on OpenVINO (its version's openvino/model.xml, "
+        "converted at load when absent); decoding and tf.Example parsing stay in "
+        "TensorFlow. Per model: model_platform \"openvino\" in --model_config_file. A "
+        "version OpenVINO cannot compile is served by TensorFlow (one log line).",
+        slimserve_only=True)
+    openvino_precision: str = _of(
+        openvino_servable.OpenVinoOptions, "precision", "What the OpenVINO runtime "
+        "computes in: fp32; bf16 where the CPU has AVX512_BF16 or AMX (else fp32, said in "
+        "the log); int8 from the version's openvino/model_int8.xml (slimserve-export "
+        "--openvino_int8 writes it when it passes the accuracy guard; else fp32).",
+        slimserve_only=True)
+    openvino_num_streams: int = _of(
+        openvino_servable.OpenVinoOptions, "num_streams", "OpenVINO CPU streams per "
+        "version (requests run at once, the cores split among them); 0: its latency hint, "
+        "one stream over every core.", slimserve_only=True)
     enable_profiler: bool = _flag(
         True, "Serve tensorflow.ProfilerService on the gRPC port: TensorBoard's 'capture "
         "profile' and tf.profiler.experimental.client.trace collect a trace of the "
@@ -323,6 +342,9 @@ class ServerOptions:
             raise errors.UserError("--profiler_log_dir %s: not a directory (create it; "
                                    "traces are written only inside it)"
                                    % self.profiler_log_dir)
+        if self.prefer_openvino_model and self.prefer_tflite_model:
+            raise errors.UserError("--prefer_openvino_model and --prefer_tflite_model: "
+                                   "give one (each names the runtime of every model)")
         if self.batching_parameters_file and not self.enable_batching and \
                 self.batching_parameters is None:
             raise errors.UserError("--batching_parameters_file needs --enable_batching")

@@ -39,6 +39,7 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import health as health_lib
 from slimserve.serving.core import inference
 from slimserve.serving.core import manager as manager_lib
+from slimserve.serving.core import openvino_servable
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.observability import drift as drift_lib
 from slimserve.serving.observability import drift_monitor
@@ -166,7 +167,10 @@ def manager_options(options, settings):
         session_config=session.session_config(options, settings),
         tflite=tflite_servable.TfLiteOptions(options.num_tflite_pools,
                                              options.num_tflite_interpreters_per_pool)
-        if options.prefer_tflite_model else None)
+        if options.prefer_tflite_model else None,
+        openvino=openvino_servable.OpenVinoOptions(options.openvino_precision,
+                                                   options.openvino_num_streams),
+        prefer_openvino=options.prefer_openvino_model)
 
 
 def rest_options(options):

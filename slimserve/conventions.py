@@ -100,6 +100,11 @@ WARMUP_PATH = os.path.join(EXTRA_DIR, "tf_serving_warmup_requests")
 # What the model saw in training, written by every export (export/reference.py) and read
 # by drift detection and the labelling page (serving/observability/reference.py).
 REFERENCE_DIR = os.path.join(EXTRA_DIR, "reference")
+# The OpenVINO IR of the network (decoded images -> the numeric tensors the signatures'
+# outputs are computed from), beside the SavedModel as model.tflite is; `.bin` beside
+# each `.xml`. The int8 one exists only when it passed the export's accuracy guard.
+OPENVINO_MODEL = os.path.join("openvino", "model.xml")
+OPENVINO_INT8_MODEL = os.path.join("openvino", "model_int8.xml")
 
 
 # --- the export gate: --export_min_metric of slimserve-train and slimserve-export --------

@@ -24,13 +24,23 @@ from slimserve.serving.config import bounds
 from slimserve.serving.config import files
 from slimserve.serving.core.version_policy import VersionPolicy
 
+# model_platform values served: TF Serving's "tensorflow" (or none), and "openvino" (slimserve
+# only): a model whose network runs on OpenVINO (core/openvino_servable.py). TF Serving
+# refuses a platform it has no adapter for, so a config meant for both servers leaves it
+# out and this server is started with --prefer_openvino_model instead.
+PLATFORMS = ("", "tensorflow", "openvino")
+
 
 class ServedModel:
     """One entry of a model_config_list: what to serve under a name."""
 
-    def __init__(self, name, base_path, policy=None, labels=None, logging_config=None):
-        """logging_config: TF Serving's LoggingConfig proto (request logging), or None."""
+    def __init__(self, name, base_path, policy=None, labels=None, logging_config=None,
+                 platform=""):
+        """logging_config: TF Serving's LoggingConfig proto (request logging), or None.
+        platform: the entry's model_platform: "" or "tensorflow" (the server's flags
+        decide the runtime), or "openvino" (this model's network runs on OpenVINO)."""
         self.name = name
+        self.platform = platform
         self.base_path = base_path
         self.policy = policy or VersionPolicy()
         self.labels = dict(labels or {})
@@ -57,14 +67,15 @@ def served_models_from_proto(config, where):
         if entry.name in names:
             raise files.ConfigError("%s: model %s is listed twice" % (where, entry.name))
         names.add(entry.name)
-        if entry.model_platform and entry.model_platform != "tensorflow":
-            raise files.ConfigError("%s: model %s has platform %r; only 'tensorflow' is served"
-                             % (where, entry.name, entry.model_platform))
+        if entry.model_platform not in PLATFORMS:
+            raise files.ConfigError("%s: model %s has model_platform %r; this server serves "
+                                    "%s" % (where, entry.name, entry.model_platform,
+                                            " or ".join(repr(p) for p in PLATFORMS if p)))
         models.append(ServedModel(entry.name, entry.base_path,
                                   VersionPolicy.from_proto(entry.model_version_policy),
                                   dict(entry.version_labels),
                                   entry.logging_config if entry.HasField("logging_config")
-                                  else None))
+                                  else None, entry.model_platform))
     if not models:
         raise files.ConfigError("%s lists no model" % where)
     return models

@@ -31,6 +31,7 @@ from slimserve.serving.core import custom_ops
 from slimserve.serving.core import errors
 from slimserve.serving.core import health as health_lib
 from slimserve.serving.core import heap
+from slimserve.serving.core import openvino_servable
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.core.servable import WARMUP_PATH, Servable
@@ -125,6 +126,11 @@ class ManagerOptions:
     # A tflite_servable.TfLiteOptions for --prefer_tflite_model: a version holding
     # model.tflite is served from it (else from its SavedModel). None: never.
     tflite: typing.Any = None
+    # An openvino_servable.OpenVinoOptions: how a version runs on OpenVINO (a model whose
+    # config says model_platform "openvino", or every model with prefer_openvino).
+    # None: its defaults.
+    openvino: typing.Any = None
+    prefer_openvino: bool = False  # --prefer_openvino_model
 
 
 class _Version:
@@ -176,6 +182,8 @@ class ModelManager:
         options = fields.check(options if options is not None else ManagerOptions())
         if options.tflite is not None:
             fields.check(options.tflite)
+        if options.openvino is not None:
+            fields.check(options.openvino)
         self.options = options
         self._tags = list(options.saved_model_tags) if options.saved_model_tags else None
         self._batching_for = batching_for
@@ -319,7 +327,7 @@ class ModelManager:
         started = time.monotonic()
         servable, load_seconds, warmup_seconds, warmed = None, 0.0, None, 0
         try:
-            servable = self._servable(name, version.number, path)
+            servable = self._servable(name, version.number, path, model.config)
             if self._batching_for is not None:
                 servable.batching_parameters = self._batching_for(path)
             load_seconds = time.monotonic() - started
@@ -358,9 +366,15 @@ class ModelManager:
                      version.number, load_seconds, warmup_seconds or 0.0, warmed)
         self._notify_load(name, version.number, path, True, load_seconds, warmup_seconds)
 
-    def _servable(self, name, number, path):
-        """The version's model.tflite with --prefer_tflite_model when it has one (as TF
-        Serving's bundle factory), else its SavedModel."""
+    def _servable(self, name, number, path, config=None):
+        """The version on OpenVINO when its model's config or --prefer_openvino_model asks
+        (core/openvino_servable.py); else its model.tflite with --prefer_tflite_model when
+        it has one (as TF Serving's bundle factory); else its SavedModel."""
+        if self.options.prefer_openvino or getattr(config, "platform", "") == \
+                openvino_servable.OPENVINO:
+            return openvino_servable.OpenVinoServable(
+                name, number, path, self.options.session_config, self._tags,
+                self.options.openvino)
         if self.options.tflite is not None and tflite_model.has_model(path):
             servable = tflite_servable.TfLiteServable(name, number, path, self.options.tflite,
                                                       self.health)

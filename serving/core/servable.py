@@ -64,6 +64,7 @@ class Servable:
     # (--xla_cpu_compilation_enabled): reported in the server's metrics.
     precision = session_lib.FLOAT32
     xla_jit = False
+    runtime = "tensorflow"  # what runs the network: tensorflow, tflite, openvino
 
     def __init__(self, name, version, path, session_config=None, tags=None,
                  use_callables=True):

@@ -371,6 +371,7 @@ class TfLiteServable(Servable):
     # and XLA does not apply to it.
     precision = "tflite"
     xla_jit = False
+    runtime = "tflite"
 
     def __init__(self, name, version, path, options=None, health=None):
         """options: a TfLiteOptions (--num_tflite_pools, --num_tflite_interpreters_per_pool;

@@ -15,7 +15,8 @@ escaping and sample formatting are the library's). What is exported:
   saved_model load_attempt_count {model_path, status} and load_latency {model_path};
 - slimserve's own, in the same scheme: model_state {model_name, version, state},
   request_latency_by_version {model_name, version, signature_name, API, entrypoint},
-  :slimserve:serving:model_runtime {model_name, model_version, precision, xla_cpu_jit},
+  :slimserve:serving:model_runtime {model_name, model_version, precision, xla_cpu_jit,
+  runtime},
   and what the batch scheduler chose and learned per {model_name, version,
   signature_name} (core/batching.py, core/adaptive.py): the batch sizes it ran and each
   request's queue delay (histograms), the cost of a run per batch size
@@ -379,11 +380,13 @@ def request_log_families(loggers, retired=None):
 
 def model_runtime_family(manager):
     """A gauge naming what every loaded version computes in: the precision
-    (--mixed_precision) and whether XLA compiles it (--xla_cpu_compilation_enabled), as
-    an info-style gauge a dashboard can join on model_name and model_version."""
+    (--mixed_precision, --openvino_precision), whether XLA compiles it
+    (--xla_cpu_compilation_enabled) and the runtime that runs its network (tensorflow,
+    tflite, openvino), as an info-style gauge a dashboard can join on model_name and
+    model_version."""
     family = GaugeMetricFamily(
         MODEL_RUNTIME, "What each loaded version computes in (1 per version).",
-        labels=["model_name", "model_version", "precision", "xla_cpu_jit"])
+        labels=["model_name", "model_version", "precision", "xla_cpu_jit", "runtime"])
     for name in manager.model_names:
         for number in manager.available_versions(name):
             try:
@@ -392,7 +395,8 @@ def model_runtime_family(manager):
                 continue  # unloaded since it was listed
             try:
                 family.add_metric([name, str(number), servable.precision,
-                                   "true" if servable.xla_jit else "false"], 1)
+                                   "true" if servable.xla_jit else "false",
+                                   servable.runtime], 1)
             finally:
                 servable.release()
     return family
