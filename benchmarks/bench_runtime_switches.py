@@ -208,6 +208,8 @@ class Child:
 
 
 def _ints(parser, flag, text):
+    if not text.strip():
+        return []
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
@@ -227,7 +229,7 @@ def parse_args(argv=None):
                              "below); `default` is always measured, as the reference.")
     parser.add_argument("--train_sizes", default="32",
                         help="Image sides of the bare training steps, e.g. 32,224 (224 "
-                             "costs ~10 s per step per variant here).")
+                             "costs ~10 s per step per variant here; empty: none).")
     parser.add_argument("--train_batches", default="32",
                         help="Batch size per --train_sizes value (e.g. 32,16).")
     parser.add_argument("--train_steps", default="2",
@@ -267,6 +269,8 @@ def parse_args(argv=None):
             parser.error("--%s must be >= 1" % flag)
     if args.infer_size < 0:
         parser.error("--infer_size must be >= 0")
+    if not sizes and not args.infer_size:
+        parser.error("nothing to measure: --train_sizes is empty and --infer_size is 0")
     workloads = {"train%d" % s: ("train", s, b, n) for s, b, n in zip(sizes, batches, steps)}
     if args.infer_size:
         workloads["infer%d" % args.infer_size] = ("infer", args.infer_size, args.infer_batch,
