@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: demo flywheel-demo test bench bench-input bench-train bench-serve bench-bulk \
-	bench-warmup bench-pauses bench-flywheel soak clean tfserving-suite
+	bench-warmup bench-pauses bench-runtime bench-flywheel soak clean tfserving-suite
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
@@ -54,6 +54,11 @@ bench-bulk: $(STAMP)
 
 bench-warmup: $(STAMP)
 	$(PY) benchmarks/bench_warmup.py
+
+# TensorFlow's runtime switches (oneDNN, threads, XLA, layout, remapper) side by side,
+# one process per variant (docs/performance.md).
+bench-runtime: $(STAMP)
+	$(PY) benchmarks/bench_runtime_switches.py
 
 # Python's full-collection pauses under load, with and without --freeze_loaded_objects.
 bench-pauses: $(STAMP)

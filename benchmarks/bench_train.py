@@ -50,10 +50,12 @@ def _config(size, precision):
 
 
 class BareLoop:
-    """model_fn's train op in a plain Session over one in-memory batch."""
+    """model_fn's train op in a plain Session over one in-memory batch (`session_config`:
+    another ConfigProto than the precision's, as bench_runtime_switches.py passes)."""
 
-    def __init__(self, size, batch, precision):
-        config, session_config = _config(size, precision)
+    def __init__(self, size, batch, precision, session_config=None):
+        config, default_config = _config(size, precision)
+        session_config = session_config or default_config
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf.compat.v1.set_random_seed(0)
@@ -165,19 +167,6 @@ def synthetic_input_fn(size, batch):
     return input_fn
 
 
-def take_turns(loops, steps, rounds, skip):
-    """Seconds per round for each loop; the order rotates every round, and a warm-up
-    round of `skip` steps each comes first."""
-    for loop in loops.values():
-        loop.run(skip)
-    names = list(loops)
-    seconds = {name: [] for name in names}
-    for index in range(rounds):
-        for name in names[index % len(names):] + names[:index % len(names)]:
-            seconds[name].append(loops[name].run(steps))
-    return {name: np.array(values) for name, values in seconds.items()}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="224,32", help="Image sides to measure.")
@@ -253,7 +242,7 @@ def main():
             bare_loops = {precision: BareLoop(size, batch, precision)
                           for precision in precisions}
             try:
-                bare_seconds = take_turns(bare_loops, steps, args.rounds, args.skip)
+                bare_seconds = common.take_turns(bare_loops, steps, args.rounds, args.skip)
             finally:
                 for loop in bare_loops.values():
                     loop.close()
@@ -274,7 +263,7 @@ def main():
                                                           input_config),
                     os.path.join(run_dir, "real%d" % index))
             try:
-                seconds = take_turns(loops, steps, args.rounds, args.skip)
+                seconds = common.take_turns(loops, steps, args.rounds, args.skip)
             finally:
                 for loop in loops.values():
                     loop.close()

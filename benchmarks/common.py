@@ -33,6 +33,23 @@ def timed(fn, min_seconds=5.0, warmup=1):
     return items / (time.perf_counter() - started)
 
 
+def take_turns(loops, steps, rounds, skip):
+    """Seconds per round for each of `loops` (name -> object with run(steps) -> seconds):
+    a warm-up of `skip` steps each first, then `rounds` rounds in which every loop runs
+    `steps` steps, the order rotating every round. A ratio of two loops is best taken as
+    the median of their per-round ratios: these machines drift by tens of percent within
+    minutes, so loops measured one after the other cannot be compared to a few percent."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    for loop in loops.values():
+        loop.run(skip)
+    names = list(loops)
+    seconds = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            seconds[name].append(loops[name].run(steps))
+    return {name: np.array(values) for name, values in seconds.items()}
+
+
 def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
