@@ -156,8 +156,13 @@ class ServerOptions:
                                   "polling thread, one after another.")
     max_num_load_retries: int = _of(manager.ManagerOptions, "max_num_load_retries",
                                     "Retries after the first failed load of a version "
-                                    "before giving up until its files change (0: one "
-                                    "attempt).")
+                                    "before giving up on it while it stays aspired (0: "
+                                    "one attempt).")
+    retry_failed_versions_on_change: bool = _of(
+        manager.ManagerOptions, "retry_failed_versions_on_change", "Load a failed version "
+        "again whenever its files change (names, sizes, mtimes), e.g. once a version copied "
+        "in place non-atomically is complete. Off: as TF Serving, a version whose load "
+        "failed is not loaded again while it stays aspired.", slimserve_only=True)
     load_retry_interval_micros: int = _of(
         manager.ManagerOptions, "load_retry_interval_micros", "Interval in microseconds "
         "between load retries of a failed version (negative: no wait). Default: 1 minute, "

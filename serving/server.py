@@ -120,6 +120,8 @@ def _model_configs(options):
     """(initial [ServedModel], the ModelServerConfig read from --model_config_file or None,
     what to name as their source in errors)."""
     if isinstance(options.model_server_config, (list, tuple)):
+        for config in options.model_server_config:
+            model_config.check_base_path(config.name, config.base_path, "model_server_config")
         return list(options.model_server_config), None, "model_server_config"  # in process
     if options.model_server_config is not None:
         return model_config.served_models_from_proto(options.model_server_config,
@@ -129,6 +131,8 @@ def _model_configs(options):
         where = "--model_config_file %s" % options.model_config_file
         config = files.read_model_server_config(options.model_config_file)
         return model_config.served_models_from_proto(config, where), config, where
+    model_config.check_base_path(options.model_name, options.model_base_path,
+                                 "--model_base_path")
     return [model_config.ServedModel(options.model_name, options.model_base_path)], None, \
         "--model_base_path"
 
@@ -162,6 +166,7 @@ def manager_options(options, settings):
         allow_version_labels_for_unavailable_models=(
             options.allow_version_labels_for_unavailable_models),
         error_hints=options.error_hints,
+        retry_failed_versions_on_change=options.retry_failed_versions_on_change,
         freeze_loaded_objects=options.freeze_loaded_objects,
         saved_model_tags=settings.saved_model_tags,
         session_config=session.session_config(options, settings),
@@ -210,9 +215,15 @@ def reload_models(config_proto, where, manager, request_logs, metrics=None,
     it unloads old ones and changes nothing when one fails; only then do the loggers
     (RequestLogs) and the metrics' served names change. from_operator: the config is the
     operator's (the polled --model_config_file), not a network client's. Errors are
-    ServingErrors whose messages name no server path."""
+    ServingErrors whose messages name no server path. A config with no config kind set
+    (an empty file or request) changes nothing, as in TF Serving ("Taking no action for
+    empty config"); an empty model_config_list unloads every model."""
+    if config_proto.WhichOneof("config") is None:
+        logging.info("%s: taking no action for empty config", where)
+        return
     try:
-        configs = model_config.served_models_from_proto(config_proto, where)
+        configs = model_config.served_models_from_proto(config_proto, where,
+                                                        manager.platforms())
     except ValueError as error:
         raise errors.invalid("%s", error) from None
     try:
@@ -427,11 +438,23 @@ class ModelServer:
                           from_operator)
 
     def start(self):
-        """Loads the initial versions, then starts polling and both front ends. A version
-        label naming a version that did not load stops the start, as in TF Serving (a
-        UserError naming the config)."""
+        """Loads the initial versions, then starts polling and both front ends. As TF
+        Serving's ServerCore, a model whose versions all failed to load (after their
+        retries) stops the start ("N model(s) did not become available"), and so does a
+        version label naming a version that did not load (a UserError naming the
+        config). A model whose base path holds no version yet does not: it is polled."""
         try:
             self.manager.poll()
+            wait = self.manager.next_retry_seconds()
+            while wait is not None:  # TF Serving retries a load before it gives up
+                time.sleep(wait)
+                self.manager.poll()
+                wait = self.manager.next_retry_seconds()
+            failed = self.manager.start_up_failures()
+            if failed:
+                raise errors.ServingError(
+                    grpc.StatusCode.UNKNOWN, "%d model(s) did not become available: {%s}"
+                    % (len(failed), "".join("{%s}, " % f for f in failed)))
         except errors.ServingError as error:
             self.manager.stop()
             raise user_errors.UserError("%s: %s" % (self._config_source, error.message)) \

@@ -29,7 +29,7 @@ from slimserve.serving.config import model_config
 from slimserve.serving.core import tensors
 from tests import helpers
 from slimserve.testing import tiny_models
-from slimserve.testing.servers import serve_in_process
+from slimserve.testing.servers import serve_in_process, wait_until
 from tests.helpers import start_server_process, stop_process
 
 ROOT = helpers.ROOT
@@ -273,16 +273,28 @@ def test_json_element_and_depth_limits_apply_before_building_the_array():
 def test_client_errors_carry_no_server_paths(tmp_path, caplog):
     """A real load failure (a corrupt saved_model.pb) and a real OpError (a missing file)."""
     base = tmp_path / "secret-dir" / "broken"
-    (base / "1").mkdir(parents=True)
-    (base / "1" / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+    base.mkdir(parents=True)  # no version yet: the server starts, and polls
     broken = serve_in_process([model_config.ServedModel("broken", str(base))],
-                              max_num_load_retries=1)
+                              max_num_load_retries=0, file_system_poll_wait_seconds=0.2)
     try:
+        # published whole once serving (a server started with it alone exits, as TF
+        # Serving's does); its load fails
+        (base / "1.partial").mkdir()
+        (base / "1.partial" / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+        (base / "1.partial").rename(base / "1")
         channel = grpc.insecure_channel("127.0.0.1:%d" % broken.port)
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = "broken"
-        status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
-            request, timeout=30).model_version_status[0]
+
+        def failed():
+            try:
+                return [s for s in model_service_pb2_grpc.ModelServiceStub(channel)
+                        .GetModelStatus(request, timeout=30).model_version_status
+                        if s.status.error_message]
+            except grpc.RpcError:  # NOT_FOUND until the poll sees version 1
+                return None
+
+        status = wait_until(failed, message="version 1 to fail")[0]
         channel.close()
         message = status.status.error_message
         assert "saved_model.pb" in message or "SavedModel" in message, message

@@ -150,19 +150,28 @@ def test_failed_load_reports_the_load_errors_own_code(tmp_path):
     REST, not UNKNOWN."""
     base = tmp_path / "broken"
     good = half_plus_two.write_half_plus(str(base))
-    shutil.copytree(good, base / "00000124")  # newer, with a corrupt graph
-    (base / "00000124" / "saved_model.pb").write_bytes(b"\xff" * 64)
     server = serve_in_process([model_config.ServedModel("broken", str(base))],
-                              max_num_load_retries=0)
+                              max_num_load_retries=0, file_system_poll_wait_seconds=0.2)
     try:
+        # newer, with a corrupt graph, published whole once serving (a server started
+        # with it as its latest exits, as TF Serving's does)
+        shutil.copytree(good, base / "partial")
+        (base / "partial" / "saved_model.pb").write_bytes(b"\xff" * 64)
+        (base / "partial").rename(base / "00000124")
         channel = grpc.insecure_channel("127.0.0.1:%d" % server.port)
         stub = model_service_pb2_grpc.ModelServiceStub(channel)
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = "broken"
         request.model_spec.version.value = 124
-        status = wait_until(lambda: stub.GetModelStatus(request, timeout=30)
-                            .model_version_status[0].status.error_code, 60,
-                            message="version 124 to fail")
+
+        def error_code():
+            try:
+                return stub.GetModelStatus(request, timeout=30) \
+                    .model_version_status[0].status.error_code
+            except grpc.RpcError:  # NOT_FOUND until the poll sees version 124
+                return 0
+
+        status = wait_until(error_code, 60, message="version 124 to fail")
         assert status == grpc.StatusCode.DATA_LOSS.value[0]
         code, _, body = _call(server, "/v1/models/broken/versions/124")
         entry = json.loads(body)["model_version_status"][0]

@@ -294,19 +294,28 @@ def test_without_the_flag_the_saved_model_is_served(tmp_path):
 
 
 def test_a_tflite_version_that_cannot_load_shows_its_error(tmp_path):
-    path = tmp_path / "5"
-    path.mkdir()
-    (path / "model.tflite").write_bytes(b"\0" * 64)
     server = serve_in_process([ServedModel("default", str(tmp_path))],
                               prefer_tflite_model=True, rest_api_port=0,
-                              max_num_load_retries=0)
+                              max_num_load_retries=0, file_system_poll_wait_seconds=0.2)
     try:
+        # published once serving (a server started with it alone exits, as TF Serving's)
+        path = tmp_path / "5.partial"
+        path.mkdir()
+        (path / "model.tflite").write_bytes(b"\0" * 64)
+        path.rename(tmp_path / "5")
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = "default"
+
+        def status_of_5():
+            try:
+                found = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+                    request, timeout=30).model_version_status[0]
+            except grpc.RpcError:  # NOT_FOUND until the poll sees it
+                return None
+            return found if found.status.error_message else None
+
         with grpc.insecure_channel("127.0.0.1:%d" % server.port) as channel:
-            status = wait_until(lambda: model_service_pb2_grpc.ModelServiceStub(
-                channel).GetModelStatus(request, timeout=30).model_version_status[0],
-                message="version 5's status")
+            status = wait_until(status_of_5, message="version 5's status")
         assert status.version == 5
         assert "not a TFLite model" in status.status.error_message
     finally:

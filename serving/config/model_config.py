@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import secrets
 import stat
 
@@ -28,57 +29,109 @@ from slimserve.serving.core.version_policy import VersionPolicy
 # only): a model whose network runs on OpenVINO (core/openvino_servable.py). TF Serving
 # refuses a platform it has no adapter for, so a config meant for both servers leaves it
 # out and this server is started with --prefer_openvino_model instead.
-PLATFORMS = ("", "tensorflow", "openvino")
+TENSORFLOW = "tensorflow"  # TF Serving's kTensorFlowModelPlatform; empty means it too
+OPENVINO = "openvino"
+PLATFORMS = (TENSORFLOW, OPENVINO)
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9.]*://")
 
 
 class ServedModel:
     """One entry of a model_config_list: what to serve under a name."""
 
     def __init__(self, name, base_path, policy=None, labels=None, logging_config=None,
-                 platform=""):
+                 platform=TENSORFLOW):
         """logging_config: TF Serving's LoggingConfig proto (request logging), or None.
-        platform: the entry's model_platform: "" or "tensorflow" (the server's flags
-        decide the runtime), or "openvino" (this model's network runs on OpenVINO)."""
+        platform: the entry's platform: "tensorflow" (the server's flags decide the
+        runtime), or "openvino" (this model's network runs on OpenVINO)."""
         self.name = name
         self.platform = platform
         self.base_path = base_path
         self.policy = policy or VersionPolicy()
         self.labels = dict(labels or {})
         self.logging_config = logging_config
+        self.platform = platform
 
     def __repr__(self):
         return "ServedModel(%r, %r, %r, labels=%r)" % (self.name, self.base_path, self.policy,
                                                        self.labels)
 
 
-def served_models_from_proto(config, where):
-    """ModelServerConfig proto -> [ServedModel]; files.ConfigError (a ValueError) naming
-    `where`, the source, for an entry that cannot be served."""
+def is_relative(base_path):
+    """True for a base path TF Serving refuses (UriIsRelativePath): no URI scheme (gs://,
+    s3://, ...) and no leading '/'. A server never resolves one against its working
+    directory."""
+    return not _URI_SCHEME.match(base_path) and not base_path.startswith("/")
+
+
+def absolute(base_path):
+    """`base_path` made absolute against the working directory when it is relative (for
+    the commands that start a server; a URI stays as it is)."""
+    return os.path.abspath(base_path) if is_relative(base_path) else base_path
+
+
+def check_base_path(name, base_path, where):
+    """files.ConfigError (INVALID_ARGUMENT when reloading), in TF Serving's words, for a
+    relative base path."""
+    if is_relative(base_path):
+        raise files.ConfigError("%s: Expected model %s to have an absolute path or URI; got "
+                                "base_path()=%s" % (where, name, base_path))
+
+
+def _platform(entry, where):
+    """The entry's platform as TF Serving's GetPlatform reads it: the deprecated
+    model_type TENSORFLOW, or model_platform (empty: tensorflow here), never both."""
+    if entry.model_type:
+        if entry.model_platform:
+            raise files.ConfigError(
+                "%s: Illegal setting both ModelServerConfig::model_type (deprecated) and "
+                "ModelServerConfig::model_platform, model name is %s" % (where, entry.name))
+        if entry.model_type != model_server_config_pb2.TENSORFLOW:
+            raise files.ConfigError("%s: ModelServerConfig::model_type choice %d not "
+                                    "supported." % (where, entry.model_type))
+        return TENSORFLOW
+    return entry.model_platform or TENSORFLOW
+
+
+def served_models_from_proto(config, where, served=None):
+    """ModelServerConfig proto -> [ServedModel] (an empty model_config_list serves no
+    model); files.ConfigError (a ValueError) naming `where`, the source, for an entry that
+    cannot be served, checked in TF Serving's order: a name listed twice, a relative base
+    path, both model_type and model_platform, a served model's platform changed (served:
+    {name: platform} of the models served now), then a platform not served here."""
     if config.WhichOneof("config") not in (None, "model_config_list"):
         raise files.ConfigError("%s: only model_config_list is supported" % where)
     unread = []
     bounds.check(config, where, unread)  # every number within its bound, before any use
     if unread:
         logging.warning("%s: %s have no effect here", where, ", ".join(sorted(set(unread))))
-    models, names = [], set()
-    for entry in config.model_config_list.config:
+    entries, names = list(config.model_config_list.config), set()
+    for entry in entries:
         if not entry.name or not entry.base_path:
             raise files.ConfigError("%s: every config needs name and base_path" % where)
         if entry.name in names:
-            raise files.ConfigError("%s: model %s is listed twice" % (where, entry.name))
+            raise files.ConfigError("%s: Illegal to list model %s multiple times in config "
+                                    "list" % (where, entry.name))
         names.add(entry.name)
-        if entry.model_platform not in PLATFORMS:
-            raise files.ConfigError("%s: model %s has model_platform %r; this server serves "
-                                    "%s" % (where, entry.name, entry.model_platform,
-                                            " or ".join(repr(p) for p in PLATFORMS if p)))
-        models.append(ServedModel(entry.name, entry.base_path,
-                                  VersionPolicy.from_proto(entry.model_version_policy),
-                                  dict(entry.version_labels),
-                                  entry.logging_config if entry.HasField("logging_config")
-                                  else None, entry.model_platform))
-    if not models:
-        raise files.ConfigError("%s lists no model" % where)
-    return models
+    for entry in entries:
+        check_base_path(entry.name, entry.base_path, where)
+    platforms = [_platform(entry, where) for entry in entries]
+    for entry, platform in zip(entries, platforms):
+        old = (served or {}).get(entry.name)
+        if old is not None and old != platform:
+            raise files.ConfigError(
+                "%s: Illegal to change a model's platform. For model %s platform was %s and "
+                "new platform requested is %s" % (where, entry.name, old, platform))
+    for entry, platform in zip(entries, platforms):
+        if platform not in PLATFORMS:
+            raise files.ConfigError("%s: Model %s requests unsupported platform %s; this "
+                                    "server serves %s" % (where, entry.name, platform,
+                                                          " or ".join(PLATFORMS)))
+    return [ServedModel(entry.name, entry.base_path,
+                        VersionPolicy.from_proto(entry.model_version_policy),
+                        dict(entry.version_labels),
+                        entry.logging_config if entry.HasField("logging_config") else None,
+                        platform)
+            for entry, platform in zip(entries, platforms)]
 
 
 def parse_model_config_file(path):

@@ -1,13 +1,21 @@
 """Keeps the versions a version policy asks for loaded, polling each base path like TF
 Serving's file-system source, and swaps the served model set at run time.
 
-Guarantees (TF Serving's availability-preserving policy, plus retries on change):
-- a version that is no longer wanted keeps serving until a wanted one has loaded and
-  warmed up, so a broken or half-copied newer version never takes the model down;
-- a version that failed to load is tried again after `load_retry_interval_micros`, up to
-  `max_num_load_retries` times, and again whenever its files change (names, sizes,
-  mtimes), so a version copied non-atomically is served as soon as it is complete;
-- a failed version shows in GetModelStatus as END with its load error;
+Guarantees (TF Serving's AspiredVersionsManager with its availability-preserving policy):
+- every int64-named child of a base path is a version (version_dirs.aspirable_versions);
+  one that cannot load ends END with its load error in GetModelStatus, and the version
+  it was to replace keeps serving;
+- one action at a time, as AvailabilityPreservingPolicy::GetNextAction: the lowest
+  version no longer wanted is unloaded first whenever a wanted version is available (or
+  nothing is wanted, or more than one unwanted version serves), else the highest new
+  wanted version is loaded; so a model never drops to zero available versions because
+  its successor is incomplete or broken;
+- a failed version is tried again after `load_retry_interval_micros`, up to
+  `max_num_load_retries` times, then no more while it stays wanted (TF Serving's
+  ReloadAspiredError); with `retry_failed_versions_on_change` (slimserve only) also
+  whenever its files change (names, sizes, mtimes);
+- a base path that cannot be read (gone, unmounted) changes nothing: its versions keep
+  serving until it is back;
 - retired versions close their session only when their last in-flight request ends;
 - `reload()` loads new models before removed ones are unloaded.
 Loading happens in `poll()` (the poller thread), never on the request path.
@@ -35,9 +43,9 @@ from slimserve.serving.core import openvino_servable
 from slimserve.serving.core import tflite_model
 from slimserve.serving.core import tflite_servable
 from slimserve.serving.core.servable import WARMUP_PATH, Servable
-from slimserve.serving.core.version_dirs import (diagnose_base_path, list_version_dirs,
-                                                  version_fingerprint)
-from slimserve.serving.core.version_policy import versions_to_unload
+from slimserve.serving.core.version_dirs import (BasePathError, aspirable_versions,
+                                                  diagnose_base_path, version_fingerprint)
+from slimserve.serving.core.version_policy import next_unload
 
 LOADING, AVAILABLE, UNLOADING, END = "LOADING", "AVAILABLE", "UNLOADING", "END"
 DEFAULT_LOAD_RETRY_INTERVAL_MICROS = 60 * 1000 * 1000  # TF Serving's default: 1 minute
@@ -94,8 +102,8 @@ class ManagerOptions:
         bound=fields.Bound(1, limits.MAX_WARMUP_ITERATIONS),
         flag="num_request_iterations_for_warmup")
     max_num_load_retries: int = fields.option(
-        5, "Retries after a failed load before giving up until the version's files change "
-        "(0: one attempt).", bound=fields.Bound(0, limits.MAX_RETRIES))
+        5, "Retries after a failed load before giving up on the version while it stays "
+        "aspired (0: one attempt).", bound=fields.Bound(0, limits.MAX_RETRIES))
     load_retry_interval_micros: int = fields.option(
         DEFAULT_LOAD_RETRY_INTERVAL_MICROS, "Wait between those retries (negative: none).",
         bound=fields.Bound(-limits.DAY_MICROS, limits.DAY_MICROS))
@@ -114,6 +122,10 @@ class ManagerOptions:
         "server does not serve, and why a served model's base path holds no version (then "
         "UNAVAILABLE, so clients retry). Off: TF Serving's exact statuses and messages; "
         "the hints go to the server log only (an unknown model's at most once a minute).")
+    retry_failed_versions_on_change: bool = fields.option(
+        False, "Load a failed version again, at once, whenever its files change (names, "
+        "sizes, mtimes), e.g. once a half-copied version is complete. Off: as TF Serving, "
+        "a failed version that stays aspired is not loaded again.")
     freeze_loaded_objects: bool = fields.option(
         False, "After each load, freeze the objects Python's collector tracks, so full "
         "collections skip the served graphs (a 150-175 ms pause of every thread, about "
@@ -239,11 +251,20 @@ class ModelManager:
             self._reconcile(model, unload)
 
     def _reconcile(self, model, unload=True):
-        """Loads the versions the policy wants; with `unload`, also unloads those it no
-        longer wants once a wanted one serves (reload() defers that until it commits)."""
+        """Brings the model's versions to what its policy wants, one action at a time in
+        AvailabilityPreservingPolicy's order (module docstring); with `unload` False
+        (reload() defers that until it commits) only loads. A base path that cannot be
+        read changes nothing."""
         config = model.config
         self._retire_broken(model)
-        on_disk = list_version_dirs(config.base_path, self.options.tflite is not None)
+        try:
+            on_disk = aspirable_versions(config.base_path)
+        except BasePathError as error:
+            self._note_diagnosis(model, diagnose_base_path(config.base_path) or str(error))
+            if any(v.state == AVAILABLE for v in model.versions.values()):
+                logging.warning("model %s: %s; the versions it serves keep serving",
+                                config.name, error)
+            return
         self._note_diagnosis(model, "" if on_disk else diagnose_base_path(config.base_path))
         aspired = config.policy.select(on_disk)
         with self._lock:
@@ -254,18 +275,21 @@ class ModelManager:
                     version.failures, version.retry_at = 0, 0.0
             for number in aspired:
                 model.versions.setdefault(number, _Version(number)).aspired = True
-        for number in sorted(aspired, reverse=True):
-            version = model.versions[number]
-            if version.state in (LOADING, AVAILABLE, UNLOADING):
+        tried = set()  # each version is tried once per pass (a retry waits for the next)
+        while True:
+            with self._lock:
+                available = [n for n, v in model.versions.items() if v.state == AVAILABLE]
+            number = next_unload(aspired, available) if unload else None
+            if number is not None:
+                self._unload(model, model.versions[number])
                 continue
-            if self._load_due(version, on_disk[number]):
-                self._load(model, version, on_disk[number])
-        if not unload:
-            return
-        with self._lock:
-            available = [n for n, v in model.versions.items() if v.state == AVAILABLE]
-        for number in versions_to_unload(aspired, available):
-            self._unload(model, model.versions[number])
+            due = [n for n in sorted(aspired, reverse=True) if n not in tried and
+                   model.versions[n].state not in (LOADING, AVAILABLE, UNLOADING) and
+                   self._load_due(model.versions[n], on_disk[n])]
+            if not due:
+                return
+            tried.add(due[0])
+            self._load(model, model.versions[due[0]], on_disk[due[0]])
 
     def _retire_broken(self, model):
         """An AVAILABLE version whose servable can serve nothing any more (a TFLite pool
@@ -298,11 +322,12 @@ class ModelManager:
     def _load_due(self, version, path):
         if version.state is None or not version.error:
             return True  # never tried, or unloaded cleanly and wanted again
-        if version_fingerprint(path) != version.fingerprint:
+        if self.options.retry_failed_versions_on_change and \
+                version_fingerprint(path) != version.fingerprint:
             version.failures = 0  # its files changed since it failed: try at once
             return True
         if version.failures > self.options.max_num_load_retries:
-            return False  # given up until the files change
+            return False  # given up while it stays aspired
         return time.monotonic() >= version.retry_at
 
     def _load(self, model, version, path):
@@ -322,7 +347,8 @@ class ModelManager:
 
     def _load_version(self, model, version, path):
         name = model.config.name
-        fingerprint = version_fingerprint(path)
+        fingerprint = (version_fingerprint(path)
+                       if self.options.retry_failed_versions_on_change else None)
         self._set_state(name, version, LOADING)
         started = time.monotonic()
         servable, load_seconds, warmup_seconds, warmed = None, 0.0, None, 0
@@ -348,9 +374,9 @@ class ModelManager:
             self._set_state(name, version, END, _describe(error), load_error_code(error))
             logging.warning("model %s version %d failed to load from %s (%s); %s", name,
                             version.number, path, version.error,
-                            "retrying in %.0f s (%d attempts left) or when its files change"
+                            "retrying in %.0f s (%d attempts left)"
                             % (max(self._retry_interval, 0.0), attempts_left)
-                            if attempts_left > 0 else "retrying when its files change")
+                            if attempts_left > 0 else "not retried while it stays aspired")
             self._notify_load(name, version.number, path, False, load_seconds, warmup_seconds)
             if self.options.freeze_loaded_objects:
                 servable = None
@@ -466,8 +492,6 @@ class ModelManager:
             _check_unique(configs)
         except ValueError as error:
             raise errors.invalid("%s", error) from None
-        if not configs:
-            raise errors.invalid("the new config lists no model")
         with self._poll_lock:
             with self._lock:
                 old = dict(self._models)
@@ -697,6 +721,44 @@ class ModelManager:
         with self._lock:
             model = self._models.get(name)
             return model.diagnosis if model is not None else ""
+
+    def platforms(self):
+        """{name: platform} of the models served now (a reload may not change one)."""
+        with self._lock:
+            return {name: getattr(model.config, "platform", "tensorflow")
+                    for name, model in self._models.items()}
+
+    def start_up_failures(self):
+        """["{name: m version: 3} due to error: ..."] for each served model whose load
+        ended in error with no version available and no retry pending: what stops a
+        start, as ServerCore::WaitUntilModelsAvailable ("N model(s) did not become
+        available"). A model with no version on disk yet is not one (it is polled)."""
+        failed = []
+        with self._lock:
+            for name, model in sorted(self._models.items()):
+                versions = model.versions
+                if any(v.state == AVAILABLE for v in versions.values()):
+                    continue
+                ended = [v for _, v in sorted(versions.items())
+                         if v.aspired and v.state == END and v.error]
+                if ended and all(v.failures > self.options.max_num_load_retries
+                                 for v in ended):
+                    failed.append("{name: %s version: %d} due to error: %s"
+                                  % (name, ended[0].number, ended[0].error))
+        return failed
+
+    def next_retry_seconds(self):
+        """Seconds until the next due retry of a failed version of a model with no
+        available version, or None when no such retry is pending."""
+        now, waits = time.monotonic(), []
+        with self._lock:
+            for model in self._models.values():
+                if any(v.state == AVAILABLE for v in model.versions.values()):
+                    continue
+                waits += [max(v.retry_at - now, 0.0) for v in model.versions.values()
+                          if v.aspired and v.state == END and v.error and
+                          v.failures <= self.options.max_num_load_retries]
+        return min(waits) if waits else None
 
     def available_versions(self, name):
         with self._lock:

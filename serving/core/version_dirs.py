@@ -1,7 +1,8 @@
-"""A model's base path as TF Serving's file-system source sees it: integer-named version
-directories, each a SavedModel (or, with --prefer_tflite_model, a model.tflite); and a
-fingerprint that tells when a version's files changed
-(a failed load is retried at once when they do)."""
+"""A model's base path as TF Serving's file-system source sees it (aspirable_versions:
+every int64-named child is a version), the complete versions tools read
+(list_version_dirs: those holding a SavedModel or, with --prefer_tflite_model, a
+model.tflite), and a fingerprint that tells when a version's files changed (a failed load
+is retried when they do, with --retry_failed_versions_on_change)."""
 import os
 
 import tensorflow as tf
@@ -22,6 +23,46 @@ def list_version_dirs(base_path, accept_tflite=False):
             if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")) or (
                     accept_tflite and tf.io.gfile.exists(os.path.join(path, TFLITE_MODEL))):
                 found[int(name)] = path
+    return found
+
+
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
+
+
+def parse_version(name):
+    """A child's name as a version number the way TF Serving's source reads it
+    (strings::safe_strto64: surrounding spaces and a sign allowed, within int64), else
+    None. `.tmp-3` (an export in progress, export/versions.py) is no version."""
+    text = name.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits or not digits.isascii() or not digits.isdigit():
+        return None
+    number = int(text)
+    return number if _INT64[0] <= number <= _INT64[1] else None
+
+
+class BasePathError(Exception):
+    """The base path cannot be read now (gone, unmounted, not listable): a poll changes
+    nothing, as TF Serving's file-system source fails its poll."""
+
+
+def aspirable_versions(base_path):
+    """{version: path} of every child of `base_path` whose name parses as an int64, as TF
+    Serving's FileSystemStoragePathSource sees a base path: complete or not (one that
+    cannot load fails its load). Raises BasePathError when the base path does not exist
+    or cannot be listed."""
+    try:
+        if not tf.io.gfile.exists(base_path):
+            raise BasePathError("Could not find base path %s" % base_path)
+        names = tf.io.gfile.listdir(base_path)
+    except tf.errors.OpError as error:
+        raise BasePathError("%s cannot be listed: %s" % (
+            base_path, error.message.splitlines()[0] if error.message else error)) from None
+    found = {}
+    for name in sorted(n.split("/", 1)[0] for n in names):
+        number = parse_version(name)
+        if number is not None:
+            found[number] = os.path.join(base_path, name)
     return found
 
 
@@ -85,9 +126,11 @@ def diagnose_base_path(base_path):
         children = sorted(name.rstrip("/") for name in tf.io.gfile.listdir(base_path))
         numbered = [name for name in children if name.isdigit()]
         if numbered:
-            return ("%s has version folders (%s) but none holds saved_model.pb yet: each is "
-                    "served once its files are complete (a copy still running, or an export "
-                    "that failed)" % (where, _names(numbered)))
+            return ("%s has version folders (%s) but none holds saved_model.pb (a copy still "
+                    "running, or an export that failed): the server tries each once it is "
+                    "the version its policy wants, and one that fails stays failed until it "
+                    "is renamed or removed; publish a version whole (written beside, then "
+                    "renamed into place)" % (where, _names(numbered)))
         nested_bases, nested_versions = [], []
         for name in children[:_MAX_SUBFOLDERS_CHECKED]:
             path = os.path.join(base_path, name)

@@ -1,5 +1,5 @@
 """Which versions of a model to serve (ModelVersionPolicy: latest N, all, specific) and
-which served versions may go, TF Serving's availability-preserving way: a version that
+which served version goes next, TF Serving's availability-preserving way: a version that
 is no longer wanted keeps serving until a wanted one is available."""
 
 
@@ -44,15 +44,15 @@ class VersionPolicy:
         return "all"
 
 
-def versions_to_unload(aspired, available):
-    """Available versions that may be unloaded now (AvailabilityPreservingPolicy).
-
-    Unaspired versions go once some aspired version is available, or when nothing is
-    aspired at all. While every aspired version is still loading or failing, the highest
-    unaspired one stays, so the model never drops to zero available versions because its
-    successor is incomplete or broken.
-    """
-    unaspired = sorted(set(available) - set(aspired))
-    if aspired and not set(aspired) & set(available):
-        return unaspired[:-1]
-    return unaspired
+def next_unload(aspired, available):
+    """The version to unload next, or None (AvailabilityPreservingPolicy::GetNextAction,
+    which the manager asks again after each action): the lowest available version no
+    longer aspired, when nothing is aspired, when an aspired version is available, or
+    when more than one unaspired version is available (the highest of them stays). So an
+    unaspired version goes before a new one loads whenever another aspired version keeps
+    serving, and stays while every aspired version is still loading or failing."""
+    aspired, available = set(aspired), set(available)
+    unaspired = sorted(available - aspired)
+    if unaspired and (not aspired or aspired & available or len(unaspired) > 1):
+        return unaspired[0]
+    return None

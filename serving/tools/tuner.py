@@ -28,6 +28,7 @@ import numpy as np
 from slimserve import conventions
 from slimserve import errors
 from slimserve.serving import options as options_lib
+from slimserve.serving.config import model_config
 from slimserve.serving.observability import metrics
 from slimserve.serving.tools import batching_tuner
 from slimserve.serving.tools import client as client_lib
@@ -160,7 +161,9 @@ class Tuner:
     def __init__(self, model_base_path, model_name, sources,
                  signature_name=conventions.DEFAULT_SIGNATURE, concurrency=16, requests=300,
                  max_seconds=60.0, common_flags=(), guard=True, scratch_dir=None):
-        self.model_base_path, self.model_name = model_base_path, model_name
+        # the server refuses a relative base path (as TF Serving): resolve it here, once
+        self.model_base_path = model_config.absolute(model_base_path)
+        self.model_name = model_name
         self.sources, self.signature_name, self.guard = sources, signature_name, guard
         self.concurrency, self.requests, self.max_seconds = concurrency, requests, max_seconds
         self.common_flags = list(common_flags)
@@ -380,7 +383,7 @@ def server_flags(best, model_name, model_base_path, batching_file, common_flags=
     tensorflow_model_server read the same spelling; paths absolute)."""
     setting = setting_of(best)
     return (["--model_name=%s" % model_name,
-             "--model_base_path=%s" % os.path.abspath(model_base_path)] + list(common_flags)
+             "--model_base_path=%s" % model_config.absolute(model_base_path)] + list(common_flags)
             + setting.server_flags(os.path.abspath(batching_file) if batching_file else None))
 
 
