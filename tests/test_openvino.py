@@ -339,12 +339,12 @@ def test_the_platform_and_the_flags_are_checked(tmp_path):
     config.write_text('model_config_list { config { name: "a" base_path: "/m/a" '
                       'model_platform: "openvino" } config { name: "b" base_path: "/m/b" } }')
     first, second = model_config.parse_model_config_file(str(config))
-    assert (first.platform, second.platform) == ("openvino", "")
+    assert (first.platform, second.platform) == ("openvino", "tensorflow")
     config.write_text('model_config_list { config { name: "a" base_path: "/m/a" '
                       'model_platform: "onnx" } }')
     with pytest.raises(files.ConfigError, match=r"--model_config_file .*models.config: "
-                       r"model a has model_platform 'onnx'; this server serves "
-                       r"'tensorflow' or 'openvino'"):
+                       r"Model a requests unsupported platform onnx; this server serves "
+                       r"tensorflow or openvino"):
         model_config.parse_model_config_file(str(config))
     with pytest.raises(user_errors.UserError, match="--prefer_openvino_model and "
                        "--prefer_tflite_model"):
