@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from slimserve import cpu
 from tests.helpers import ROOT
@@ -47,6 +48,32 @@ def test_onednn_is_set_on_x86_unless_the_user_set_it_or_tensorflow_came_first():
     late = {}
     assert cpu.enable_onednn(late, machine="AMD64", modules={"tensorflow": object()}) == "late"
     assert not late
+
+
+def test_frozen_weights_are_assumed_only_where_nobody_chose_and_tensorflow_waits():
+    environ = {}
+    assert cpu.assume_frozen_weights(environ, modules={}) == "set"
+    assert environ == {cpu.FROZEN_WEIGHTS_VARIABLE: "1"}
+    user = {cpu.FROZEN_WEIGHTS_VARIABLE: "0"}
+    assert cpu.assume_frozen_weights(user, modules={}) == "user" and user[
+        cpu.FROZEN_WEIGHTS_VARIABLE] == "0"
+    late = {}
+    assert cpu.assume_frozen_weights(late, modules={"tensorflow": 1}) == "late" and not late
+
+
+@pytest.mark.parametrize("command, frozen", [("slimserve-server", "1"),
+                                             ("slimserve-predict", "1"),
+                                             ("slimserve-train", None),
+                                             ("slimserve-retrain", None)])
+def test_only_inference_commands_freeze_onednn_weights(command, frozen):
+    """The server and bulk inference keep converted filters; training never does (its
+    filters change at every step)."""
+    env = {k: v for k, v in os.environ.items() if k != cpu.FROZEN_WEIGHTS_VARIABLE}
+    code = ("import sys, os\nsys.argv = [%r]\nimport slimserve.cli\n"
+            "print(os.environ.get(%r))" % (command, cpu.FROZEN_WEIGHTS_VARIABLE))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300, check=True).stdout.split()
+    assert out[-1] == str(frozen)
 
 
 def _oneDNN_in_child(value):

@@ -7,6 +7,7 @@ import os
 import sys
 
 # Before any library import: TensorFlow's start-up noise is filtered while it loads.
+from slimserve import cpu  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.cli import logs  # noqa: E402  pylint: disable=wrong-import-position
 
 # Commands that import no library before main() and want to answer before TensorFlow has
@@ -24,5 +25,12 @@ def _command():
     return os.path.basename(sys.argv[0]) if sys.argv else ""
 
 
+# Commands whose weights never change after loading: oneDNN keeps each filter in its
+# blocked layout instead of converting it at every run (slimserve/cpu.py).
+_INFERENCE_ONLY = ("slimserve-server", "slimserve.cli.server", "slimserve-predict",
+                   "slimserve.cli.predict")
+
+if _command() in _INFERENCE_ONLY:
+    cpu.assume_frozen_weights()
 if _command() not in _TENSORFLOW_LATER:
     logs.quiet_tensorflow()
