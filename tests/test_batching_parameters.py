@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from slimserve import errors as user_errors
 from slimserve.serving.config import files
 from slimserve.serving.config import messages
 from slimserve.serving.config import model_config
@@ -216,14 +217,14 @@ def test_per_model_batching_parameters(tmp_path):
 
 
 def test_per_model_file_that_does_not_parse_fails_the_load(tmp_path):
+    """The version fails to load naming the file; as it is the model's only version, the
+    server does not start, as TF Serving exits when a model never becomes available."""
     bad = _probe_with(str(tmp_path / "bad"), "max_batch_size: 4")
-    server = _serve({"bad": bad})
-    try:
-        ((version, state, error),) = server.manager.status("bad")
-        assert (version, state) == (1, "END")
-        assert "batching_params.pbtxt" in error and "Expected" in error
-    finally:
-        server.stop()
+    with pytest.raises(user_errors.UserError) as caught:
+        _serve({"bad": bad}).stop()
+    message = str(caught.value)
+    assert "did not become available" in message and "name: bad version: 1" in message
+    assert "batching_params.pbtxt" in message and "Expected" in message
 
 
 PLATFORM = """

@@ -7,9 +7,9 @@ pooling over 0 rows returns the wrong channel count (conv2d to 4 channels, then 
 [0, 3] instead of [0, 4]), so an image model's next op fails with INVALID_ARGUMENT, or
 worse, answers a wrong shape. The answer would depend on the CPU.
 
-So a request whose every input has 0 rows, fed to a signature that declares each of
-those inputs and each requested output batch-major (leading dimension unknown, the rest
-known), is answered without running the graph: every requested output with 0 rows, its
+So a request whose every input has 0 rows and otherwise the declared shape, fed to a
+signature that declares each of those inputs and each requested output batch-major
+(leading dimension unknown, the rest known), is answered without running the graph: every requested output with 0 rows, its
 other dimensions and dtype as the signature declares them — what TF Serving answers for
 such a model. A signature that does not declare its shapes that far runs as before.
 """
@@ -34,8 +34,9 @@ def outputs_for_no_rows(sig, feeds, output_keys):
     if not feeds or any(getattr(value, "ndim", 0) < 1 or value.shape[0] != 0
                         for value in feeds.values()):
         return None
-    if any(key not in sig.inputs or _batch_major(sig.inputs[key]) is None for key in feeds):
-        return None
+    for key, value in feeds.items():  # fed as declared past the batch, else the graph says
+        if key not in sig.inputs or _batch_major(sig.inputs[key]) != list(value.shape[1:]):
+            return None
     outputs = {}
     for key in output_keys:
         rest = _batch_major(sig.outputs[key])
