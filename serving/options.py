@@ -225,6 +225,11 @@ class ServerOptions:
         "quarter of the memory the process may still take when it starts (its address-"
         "space and cgroup limits, the machine's available memory).", limits.BYTES_OR_ZERO,
         slimserve_only=True)
+    shutdown_grace_seconds: int = _flag(
+        5, "On SIGTERM or SIGINT, how long requests in flight (queued, running, or still "
+        "being received) may take to finish before their connections are closed; the "
+        "process ends at most 20 s after that. Keep it below the pod's "
+        "terminationGracePeriodSeconds.", limits.SECONDS_OR_ZERO, slimserve_only=True)
     # --- request logging (a model's logging_config) ---------------------------------------
     request_log_dir: str = _flag(
         "", "Directory every request log is written under: a logging_config's "

@@ -184,10 +184,11 @@ def _probe_with(base, batching_text=None):
 
 def _serve(bases, common=None, per_model=True):
     """The probe models {name: base} in process, without warmup or REST, batched by
-    `common` (default parameters), with --enable_per_model_batching_parameters."""
+    `common` (default parameters), with --enable_per_model_batching_parameters; a failed
+    load is not retried (TF Serving's default retries for 5 minutes)."""
     return serve_in_process(
         [model_config.ServedModel(name, base) for name, base in bases.items()],
-        enable_model_warmup=False, rest_api_port=0,
+        enable_model_warmup=False, rest_api_port=0, max_num_load_retries=0,
         batching_parameters=common or batching.BatchingParameters(),
         enable_per_model_batching_parameters=per_model)
 

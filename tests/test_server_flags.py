@@ -288,7 +288,8 @@ def test_a_shutdown_that_hangs_ends_at_its_deadline_with_every_threads_stack(tmp
     tiny_models.write_tiny_model(base)
     process = server_process.ServerProcess(
         ["--model_base_path=%s" % base, "--model_name=tiny", "--rest_api_port=0",
-         "--file_system_poll_wait_seconds=0"], label="hanging stop",
+         "--file_system_poll_wait_seconds=0", "--shutdown_grace_seconds=0"],
+        label="hanging stop",
         command=[sys.executable, "-c", _HANGING_STOP], memory_cap=3 * 2 ** 30,
         stderr=subprocess.PIPE, cwd=ROOT).process
     try:

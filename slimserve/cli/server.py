@@ -10,7 +10,8 @@ The flags are the fields of serving/options.py's ServerOptions (same names, defa
 and bounds), generated from its config class (CONFIG), so this module only builds the
 server and waits for a signal (SIGTERM or SIGINT: drain and stop; SIGUSR1: publish the
 open request log files now; SIGUSR2: check the logged traffic's drift now). A shutdown
-is bounded: 5 s for the requests in flight, 25 s from the signal to the process's end
+is bounded: --shutdown_grace_seconds (5) for the requests in flight, 20 s more to the
+process's end
 (past that, every thread's stack on stderr and exit status 1). Flags about hardware or
 runtimes this server does not have are accepted and logged once as having no effect.
 Unlike TF Serving it binds 127.0.0.1 unless --bind_address says otherwise. A start-up problem the user can fix (a flag, a
@@ -33,9 +34,8 @@ from slimserve.serving import server as server_lib
 from slimserve.serving.core import errors
 
 TF_SERVING_VERSION = "2.15.1"
-GRACE_SECONDS = 5.0  # for the requests in flight on SIGTERM / SIGINT
 SIGNAL_POLL_SECONDS = 1.0  # at most this long between a signal and its handler
-STOP_DEADLINE_SECONDS = 25.0  # from the signal to the process's end, whatever blocks
+STOP_DEADLINE_SECONDS = 20.0  # past the grace, until the process's end, whatever blocks
 
 
 @dataclasses.dataclass
@@ -103,8 +103,9 @@ def main(config, args):
     # not keep a pod or a test waiting on it: past this deadline every thread's stack goes
     # to stderr and the process exits with status 1 (faulthandler's watchdog is a C thread:
     # it fires even while the interpreter is finalizing).
-    faulthandler.dump_traceback_later(STOP_DEADLINE_SECONDS, exit=True)
-    if server.stop(GRACE_SECONDS):
+    grace = config.server.shutdown_grace_seconds
+    faulthandler.dump_traceback_later(grace + STOP_DEADLINE_SECONDS, exit=True)
+    if server.stop(grace):
         logging.info("stopped")
     else:
         logging.warning("stopped; some requests were still running after the grace period")
