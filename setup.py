@@ -64,7 +64,7 @@ setup(
     ],
     extras_require={
         # pytest-xdist: `make test` runs the suite on two workers (tests/scheduling.py);
-        # pytest-cov measures line coverage across them (docs/development.md).
+        # pytest-cov measures line coverage across them (docs/testing.md).
         "test": ["pytest>=7", "pytest-xdist>=3.5", "pytest-cov>=4", "scikit-learn>=1.1",
                  "scikit-image>=0.19", "matplotlib>=3.5", "cryptography>=41",
                  "kubernetes-validate>=1.28", "PyYAML>=5.4",

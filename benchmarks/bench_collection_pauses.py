@@ -1,5 +1,5 @@
 """Python's garbage-collection pauses in a server under load, with and without
---freeze_loaded_objects (serving/core/heap.py; docs/serving.md "Collection pauses").
+--freeze_loaded_objects (serving/core/heap.py; docs/batching.md "Collection pauses").
 
     python benchmarks/bench_collection_pauses.py [--rounds 2 --seconds 15 --concurrency 32]
 
