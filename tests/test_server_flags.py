@@ -25,8 +25,8 @@ from slimserve import fields
 from slimserve.cli import server as server_cli
 from slimserve.serving import options as options_lib
 from slimserve.serving import server as server_lib
+from slimserve.serving import server_process
 from slimserve.serving.core import batching
-from slimserve.serving.tools import server_process
 from slimserve.testing import commands
 from slimserve.testing import tiny_models
 from tests.helpers import ROOT, start_server_process

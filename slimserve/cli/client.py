@@ -10,7 +10,7 @@
 accuracy scores a labelled folder (class sub-folders) or CSV of path,label through the
 server: accuracy, per-class recall and the confusion matrix; files that cannot be sent or
 are refused are named and skipped; labels that are not classes of the model get no
-accuracy, saying which (serving/tools/served_accuracy.py).
+accuracy, saying which (serving/clients/served_accuracy.py).
 predict prints each file's top classes by name; a file that cannot be read, is no image,
 or is refused by the server gets an error line naming it (the others are still answered)
 and the command then exits 1. With no server at --server it says so in one line within
@@ -26,7 +26,7 @@ from slimserve import conventions
 from slimserve import errors
 from slimserve import fields
 from slimserve.cli import logs
-from slimserve.serving.tools import channel
+from slimserve.serving.clients import channel
 
 
 @dataclasses.dataclass
@@ -126,9 +126,9 @@ def _classify(config, client, client_lib, files):
 def _accuracy(config, client, spec):
     """Scores the labelled folder or CSV `spec` through the server and prints the report;
     UserError when its labels are not the model's classes (no accuracy then)."""
-    from slimserve.serving.tools import bulk_predict  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import bulk_report  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import served_accuracy  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.bulk import predict as bulk_predict  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.bulk import report as bulk_report  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import served_accuracy  # pylint: disable=import-outside-toplevel
     bulk_predict.check_output(config.summary, "--summary")
     bulk_predict.check_output(config.confusion_matrix, "--confusion_matrix")
     scored = served_accuracy.score(
@@ -165,7 +165,7 @@ def main(config, args):
     import grpc  # pylint: disable=import-outside-toplevel
     from google.protobuf import json_format  # pylint: disable=import-outside-toplevel
     # TensorFlow comes with the client library: imported only once a server answered.
-    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import client as client_lib  # pylint: disable=import-outside-toplevel
     client = client_lib.Client(config.server, config.model_name, config.model_version,
                                config.version_label, config.timeout, config.max_message_bytes,
                                config.retries, image_key=config.image_key)

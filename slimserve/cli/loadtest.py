@@ -14,8 +14,8 @@ import grpc
 from slimserve import errors
 from slimserve import fields
 from slimserve.cli import logs
-from slimserve.serving.tools import client as client_lib
-from slimserve.serving.tools import loadtest
+from slimserve.serving.clients import client as client_lib
+from slimserve.serving.clients import loadtest
 
 
 @dataclasses.dataclass

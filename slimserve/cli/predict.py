@@ -10,12 +10,12 @@ import json
 import sys
 
 from slimserve import fields
-from slimserve.cli.beam import BeamOptions
 from slimserve.cli import logs
-from slimserve.serving.tools import beam_inference
-from slimserve.serving.tools import bulk_inputs
-from slimserve.serving.tools import bulk_predict
-from slimserve.serving.tools import bulk_report
+from slimserve.cli.beam import BeamOptions
+from slimserve.serving.bulk import beam as beam_inference
+from slimserve.serving.bulk import inputs as bulk_inputs
+from slimserve.serving.bulk import predict as bulk_predict
+from slimserve.serving.bulk import report as bulk_report
 
 
 @dataclasses.dataclass
