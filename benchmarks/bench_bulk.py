@@ -27,17 +27,17 @@ import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 import serve_harness  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import make_digits  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 from slimserve import image_listing  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import beam_dataset  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.estimator import dataset
-from slimserve.serving.core import batching  # noqa: E402  pylint: disable=wrong-import-position
-from slimserve.serving.tools import beam_inference
-from slimserve.serving.tools import bulk_inputs
-from slimserve.serving.tools import bulk_predict
-from slimserve.serving.tools import image_classifier
-from slimserve.serving.tools import loadtest
-from slimserve.serving.tools import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving import server as server_lib
-from slimserve.cli import beam as beam_cli  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving.bulk import beam as beam_inference
+from slimserve.serving.bulk import inputs as bulk_inputs
+from slimserve.serving.bulk import predict as bulk_predict
+from slimserve.serving.clients import client as client_lib  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving.clients import image_classifier
+from slimserve.serving.clients import loadtest
+from slimserve.serving.core import batching  # noqa: E402  pylint: disable=wrong-import-position
 
 MULTI = "--direct_num_workers=2 --direct_running_mode=multi_processing"
 

@@ -12,8 +12,8 @@ batch scheduler against TF Serving's defaults and the tuned file at 1-32 clients
     make bench-serve        (python benchmarks/bench_serve.py --help)
 
 The server runs in its own process (slimserve-server, memory-capped, started by
-serving/tools/server_process.py), as in production; every load comes from
-serving/tools/loadtest.py, the generator slimserve-loadtest and slimserve-tune use (with a
+serving/server_process.py), as in production; every load comes from
+serving/clients/loadtest.py, the generator slimserve-loadtest and slimserve-tune use (with a
 raw-bytes gRPC or HTTP sender from benchmarks/request_rate.py for the rate and limit
 rows). This file is the command line; the harness the sections share is
 benchmarks/serve_harness.py and each section is a file of its own: serve_table.py,
@@ -34,7 +34,7 @@ import serve_overhead  # pylint: disable=wrong-import-order
 import serve_rate  # pylint: disable=wrong-import-order
 import serve_table  # pylint: disable=wrong-import-order
 
-from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import loadtest  # pylint: disable=wrong-import-order
 
 del serve_harness  # imported first for its quieting of TensorFlow
 

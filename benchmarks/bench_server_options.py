@@ -17,7 +17,7 @@ import common  # pylint: disable=wrong-import-order
 import request_rate  # pylint: disable=wrong-import-order
 import serve_harness  # pylint: disable=wrong-import-order
 
-from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import loadtest  # pylint: disable=wrong-import-order
 
 
 def main():

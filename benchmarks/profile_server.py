@@ -10,9 +10,9 @@ concurrency by a gRPC client, and py-spy's top functions are printed as text.
 `tiny` is slimserve/testing/tiny_models.py's SavedModel (inference costs ~nothing: the
 server's own per-request work shows); `digits` is resnet_v1_50 at --image_size (32) as
 bench-serve makes it (benchmarks/serve_harness.py). The server starts through the one
-launcher (serving/tools/server_process.py: its own free port, memory-capped, gone with
+launcher (serving/server_process.py: its own free port, memory-capped, gone with
 this process) and the load comes from the one load generator (benchmarks/request_rate.py
-over serving/tools/loadtest.py). By default only samples of threads holding the GIL count
+over serving/clients/loadtest.py). By default only samples of threads holding the GIL count
 (where the server's Python time goes); --idle counts every thread's samples (where
 threads wait).
 """
@@ -31,7 +31,7 @@ logs.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 from tensorflow_serving.apis import predict_pb2  # noqa: E402  pylint: disable=wrong-import-position
 
-from slimserve.serving.tools import server_process  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving import server_process  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.testing import servers  # noqa: E402  pylint: disable=wrong-import-position
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -52,7 +52,7 @@ def tiny_request():
 def digits_request(size=32):
     """(base path, serialized PredictRequest of one real photo) for resnet_v1_50 at `size`."""
     import make_photos  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import loadtest  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import loadtest  # pylint: disable=import-outside-toplevel
     photos = common.work_dir("photos")
     if not os.listdir(photos):
         make_photos.write_photos(photos, 400)

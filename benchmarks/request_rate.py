@@ -1,5 +1,5 @@
 """Maximum request rate of a gRPC or HTTP server at a fixed concurrency, measured with the
-project's one load generator (serving/tools/loadtest.py `run_level`, time-bounded with a
+project's one load generator (serving/clients/loadtest.py `run_level`, time-bounded with a
 warm-up) through a light `send`: gRPC requests serialized once and sent as bytes over a
 bare channel (no client-side conversion), HTTP requests over one keep-alive connection
 per client.
@@ -16,7 +16,7 @@ import threading
 
 import grpc
 
-from slimserve.serving.tools import loadtest
+from slimserve.serving.clients import loadtest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_MESSAGE = 256 * 2 ** 20

@@ -2,7 +2,7 @@
 thread pool for the app) against aiohttp (asyncio, app run in a thread pool), side by side
 in one run. Each serves the same RestApi over the tiny test model, in its own process (bound to a
 port the kernel picks, which it prints: no port is picked, closed and hoped for); the
-project's one load generator (serving/tools/loadtest.py through benchmarks/request_rate.py)
+project's one load generator (serving/clients/loadtest.py through benchmarks/request_rate.py)
 keeps `concurrency` keep-alive connections busy for `--seconds` per cell.
 
     PYTHONPATH=$PWD python benchmarks/rest_server_libraries.py --seconds 5
@@ -18,7 +18,7 @@ import threading
 
 import request_rate  # pylint: disable=wrong-import-order
 
-from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import loadtest  # pylint: disable=wrong-import-order
 
 _PREDICT = json.dumps({"instances": [[1.0, 2.0]]}).encode()
 _TRIVIAL = b'{"ok": true}\n'

@@ -2,11 +2,11 @@
 exported models they serve, the in-process reference call, serialized requests, the
 server child and the closed-loop load.
 
-Servers start as `slimserve-server` children through serving/tools/server_process.py (the
+Servers start as `slimserve-server` children through serving/server_process.py (the
 project's one launcher: free ports from the ready line, a memory cap, gone with this
 process); another checkout's server (the baseline rows) is the same launcher running
 benchmarks/checkout.py, which imports that checkout's libraries instead of this install's.
-Load comes from serving/tools/loadtest.py `run_level`, the generator slimserve-loadtest
+Load comes from serving/clients/loadtest.py `run_level`, the generator slimserve-loadtest
 and slimserve-tune use, with a raw-bytes gRPC `send` (benchmarks/request_rate.py) where
 the client's own cost must stay out of the figure.
 """
@@ -29,8 +29,8 @@ from slimserve.estimator import nets  # noqa: E402  pylint: disable=wrong-import
 from slimserve.export import signatures  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.export import verify  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.export import writer  # noqa: E402  pylint: disable=wrong-import-position
-from slimserve.serving.tools import loadtest  # noqa: E402  pylint: disable=wrong-import-position
-from slimserve.serving.tools import server_process  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving import server_process  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving.clients import loadtest  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.testing import servers  # noqa: E402  pylint: disable=wrong-import-position
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"

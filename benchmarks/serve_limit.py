@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402  (quieted by serve_harness)  pylint: disab
 
 from slimserve.export import signatures  # pylint: disable=wrong-import-order
 from slimserve.export import writer  # pylint: disable=wrong-import-order
-from slimserve.serving.tools import client as client_lib  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import client as client_lib  # pylint: disable=wrong-import-order
 
 DIGITS_STEPS = 300  # the trained model of the `limit` section (~97% accurate on digits)
 PRECISION_FLAGS = {"fp32": [], "bf16": ["--mixed_precision=bfloat16"],

@@ -20,8 +20,8 @@ import echo_server  # pylint: disable=wrong-import-order
 import request_rate  # pylint: disable=wrong-import-order
 import serve_harness as harness  # pylint: disable=wrong-import-order
 
-from slimserve.serving.tools import client as client_lib  # pylint: disable=wrong-import-order
-from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import client as client_lib  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import loadtest  # pylint: disable=wrong-import-order
 
 
 def paired_overhead(session, meta, target, images, pairs):

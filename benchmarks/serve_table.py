@@ -13,8 +13,8 @@ import numpy as np
 import common  # pylint: disable=wrong-import-order
 import serve_harness as harness  # pylint: disable=wrong-import-order
 
-from slimserve.serving.tools import client as client_lib  # pylint: disable=wrong-import-order
-from slimserve.serving.tools import loadtest  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import client as client_lib  # pylint: disable=wrong-import-order
+from slimserve.serving.clients import loadtest  # pylint: disable=wrong-import-order
 
 LOCAL = "in-process session.run"
 OFF = "served, batching off"

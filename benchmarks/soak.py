@@ -2,7 +2,7 @@
 
     python benchmarks/soak.py [--minutes 10] [--log_disk_mb 64] [--address_space_gb 4]
 
-A real slimserve-server (started by serving/tools/server_process.py, the one launcher,
+A real slimserve-server (started by serving/server_process.py, the one launcher,
 under an address-space cap), with request logging at sampling 1.0 onto a
 small tmpfs of its own (the script re-runs itself under `unshare -m`, or `unshare -rm`
 when not root, so the mount is private), serves for --minutes while:
@@ -96,9 +96,9 @@ from tensorflow_serving.apis import predict_pb2  # noqa: E402
 from tensorflow_serving.apis import prediction_service_pb2_grpc  # noqa: E402
 from tensorflow_serving.apis import regression_pb2  # noqa: E402
 
+from slimserve.serving import server_process  # noqa: E402
 from slimserve.serving.observability import metrics as metrics_lib  # noqa: E402
 from slimserve.serving.observability import request_log  # noqa: E402
-from slimserve.serving.tools import server_process  # noqa: E402
 from slimserve.testing import tiny_models  # noqa: E402
 
 C = grpc.StatusCode

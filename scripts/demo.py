@@ -34,7 +34,7 @@ def served_predictions(export_base, data_dir, server_args):
     import numpy as np  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import schema
     from slimserve.estimator import splits  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import client as client_lib  # pylint: disable=import-outside-toplevel
 
     from slimserve.serving import server
     images, labels = splits.read_images(data_dir, schema.VALIDATION)

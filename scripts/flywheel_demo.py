@@ -70,7 +70,7 @@ def write_config(path, base, log_prefix):
 
 def send(port, images, label=None):
     """One gRPC request per image; returns the answering versions' top classes."""
-    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import client as client_lib  # pylint: disable=import-outside-toplevel
     client = client_lib.Client("127.0.0.1:%d" % port, model_name=MODEL, version_label=label,
                                retries=0)
     try:

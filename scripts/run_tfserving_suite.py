@@ -14,7 +14,7 @@ repository):
     tensorflow_serving/servables/tensorflow/testdata/
 
 puts a two-line wrapper where the suite expects the `tensorflow_model_server` binary (it
-execs slimserve-server with the same arguments through serving/tools/server_process.py's
+execs slimserve-server with the same arguments through serving/server_process.py's
 launcher, as every server child runs: under an address-space cap, killed if the suite
 dies), makes
 `tensorflow_serving.model_servers.test_util` importable beside the installed
@@ -99,9 +99,9 @@ def extract(source, tag, dest):
 
 def write_wrapper(path, server, address_space):
     """The stand-in for TF Serving's binary: exec slimserve-server with the arguments,
-    through the one server launcher (serving/tools/server_process.py): RLIMIT_AS of
+    through the one server launcher (serving/server_process.py): RLIMIT_AS of
     `address_space` bytes (0: none), killed when the test process that started it dies."""
-    from slimserve.serving.tools import server_process  # pylint: disable=import-outside-toplevel
+    from slimserve.serving import server_process  # pylint: disable=import-outside-toplevel
     argv = server_process.launcher_argv([server], address_space, parent_pid="PARENT")
     words = ['"$PPID"' if word == "PARENT" else shlex.quote(word) for word in argv]
     with open(path, "w") as wrapper:

@@ -8,12 +8,18 @@
                     served-model list, the session config, the config-file poller
     observability/  metrics, request logs (and the object owning every model's logger),
                     the last-minute request window, status page
-    tools/          client, load test, canary compare, batching tuner, bulk inference
+    clients/        what talks to a running server: client, channel, load test, the
+                    in-process image classifier, served accuracy
+    bulk/           bulk inference over a folder, CSV or TFRecord split (local or Beam)
+    tuning/         the tuner that measures server settings against real servers
+    tools/          the flywheel's tools until they move to slimserve.flywheel
     server.py       ModelServer(options): wiring only; options.py: the flags as one object;
-                    limits.py: the bounds of every numeric setting
+                    limits.py: the bounds of every numeric setting; server_process.py: the
+                    one launcher of `slimserve-server` children (tuner, tests, benchmarks)
     tfserving/ kubernetes/   files for the real tensorflow/serving and for clusters
 
 Needs TensorFlow, grpcio, tensorflow-serving-api, waitress, prometheus_client and
-slimserve.conventions; never imports slimserve.estimator or slimserve.export: a server
-needs nothing but a SavedModel.
+slimserve.conventions (clients/, bulk/ and tuning/ also slimserve.outputs and
+slimserve.errors); never imports slimserve.estimator or slimserve.export: a server needs
+nothing but a SavedModel.
 """

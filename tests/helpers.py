@@ -70,12 +70,12 @@ def run_cli(module, *args, check=True, timeout=CEILING_SECONDS, env=None,
 
 def start_server_process(args, prefix=(), timeout=300, **popen):
     """Runs `slimserve-server ARGS` (behind `prefix`, e.g. prlimit) through the one launcher
-    (serving/tools/server_process.py: free ports picked by the server, dies with this
+    (serving/server_process.py: free ports picked by the server, dies with this
     process) -> (Popen, gRPC port, REST port or 0), for tests that drive the raw process:
     its stderr is a pipe unless `stderr` says otherwise. Fails the test if it does not
     start in time."""
     import shutil  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import server_process  # pylint: disable=import-outside-toplevel
+    from slimserve.serving import server_process  # pylint: disable=import-outside-toplevel
     popen.setdefault("stderr", subprocess.PIPE)
     command = [shutil.which(prefix[0]) or prefix[0]] + list(prefix[1:]) if prefix else []
     try:

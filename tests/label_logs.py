@@ -22,9 +22,9 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.config import logging_config_pb2
 
 from slimserve import conventions
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.observability import request_log
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing import image_bombs
 from slimserve.testing import image_classifiers
 from slimserve.testing.servers import serve_in_process

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.core import adaptive
 from slimserve.serving.core import batching
 from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing import inprocess
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process, wait_until

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from slimserve import errors as user_errors
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import files
 from slimserve.serving.config import messages
 from slimserve.serving.config import model_config
@@ -20,7 +21,6 @@ from slimserve.serving.config import platform
 from slimserve.serving.core import batching
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
 

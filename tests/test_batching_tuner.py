@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from slimserve.serving.core import batching
-from slimserve.serving.tools import tuner as tuner_lib
+from slimserve.serving.tuning import tuner as tuner_lib
 from tests.helpers import ROOT
 
 
@@ -46,8 +46,8 @@ def test_load_reports_its_steady_part_apart_from_the_drain(tmp_path):
     exactly the concurrency and a 2 s timeout, the last two requests wait the timeout out.
     The steady figures (what the tuners compare) leave that drain out; the totals keep it."""
     from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import loadtest  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import loadtest  # pylint: disable=import-outside-toplevel
     from slimserve.testing import tiny_models  # pylint: disable=import-outside-toplevel
     from slimserve.testing.servers import serve_in_process  # pylint: disable=import-outside-toplevel
     base = str(tmp_path / "tiny")

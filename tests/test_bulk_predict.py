@@ -17,13 +17,13 @@ import tensorflow as tf
 from PIL import Image
 from tensorflow_serving.apis import prediction_log_pb2
 
-from slimserve.serving.tools import beam_inference
-from slimserve.serving.tools import bulk_inputs
-from slimserve.serving.tools import bulk_predict
-from slimserve.serving.tools import bulk_report
-from slimserve.serving.tools import client as client_lib
-from slimserve.serving.config import model_config
 from slimserve.cli import beam as beam_cli
+from slimserve.serving.bulk import beam as beam_inference
+from slimserve.serving.bulk import inputs as bulk_inputs
+from slimserve.serving.bulk import predict as bulk_predict
+from slimserve.serving.bulk import report as bulk_report
+from slimserve.serving.clients import client as client_lib
+from slimserve.serving.config import model_config
 from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import ROOT

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import run_cli

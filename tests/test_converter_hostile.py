@@ -21,7 +21,7 @@ from slimserve.estimator import dataset
 from slimserve.estimator import image_files
 from slimserve.estimator import schema
 from slimserve.estimator import splits
-from slimserve.serving.tools import server_process
+from slimserve.serving import server_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -278,7 +278,7 @@ def test_the_server_checks_its_own_logs_status_page_and_gauges(drift_model, traf
     from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
     from slimserve.serving.observability import drift_monitor  # pylint: disable=import-outside-toplevel
     from slimserve.serving.observability import metrics  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import client as client_lib  # pylint: disable=import-outside-toplevel
     from slimserve.testing.servers import serve_in_process, wait_until  # pylint: disable=import-outside-toplevel
     prefix = str(tmp_path / "logs" / MODEL)
     server = serve_in_process(

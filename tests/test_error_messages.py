@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 from slimserve.serving import server as server_lib
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.core import version_dirs
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing.commands import run_command
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import ROOT, rest_json, run_cli, start_server_process

@@ -12,9 +12,9 @@ from PIL import Image
 from slimserve import image_listing
 from slimserve.estimator import dataset
 from slimserve.estimator import image_files
-from slimserve.serving.tools import bulk_inputs
-from slimserve.serving.tools import client as client_lib
-from slimserve.serving.tools import loadtest
+from slimserve.serving.bulk import inputs as bulk_inputs
+from slimserve.serving.clients import client as client_lib
+from slimserve.serving.clients import loadtest
 
 LIMIT = 4096  # bytes: the hostile folder's oversized file is above it, the images below
 

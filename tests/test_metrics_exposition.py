@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from prometheus_client import parser
 
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import messages
 from slimserve.serving.config import model_config
 from slimserve.serving.core import batching
 from slimserve.serving.observability import metrics as metrics_lib
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
 

@@ -13,14 +13,14 @@ import grpc
 import numpy as np
 import pytest
 
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import messages
-from slimserve.serving.tools import client as client_lib
-from slimserve.serving.core import errors
-from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.config import model_config
+from slimserve.serving.core import errors
 from slimserve.serving.core import manager as manager_lib
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_policy
+from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
 

@@ -17,7 +17,7 @@ from slimserve.estimator import dataset
 from slimserve.estimator import run_lock
 from slimserve.estimator import schema
 from slimserve.serving import server as server_lib
-from slimserve.serving.tools import client as client_lib
+from slimserve.serving.clients import client as client_lib
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import wait_until
 from tests.helpers import ROOT, run_cli, start_server_process

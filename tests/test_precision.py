@@ -17,11 +17,11 @@ from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.export import verify
 from slimserve.serving import options as options_lib
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.config import session as session_lib
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.observability import metrics
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing.servers import serve_in_process
 
 # The session fixture's model trains 60 steps (~87% accurate): bfloat16's 8-bit mantissa

@@ -15,10 +15,10 @@ import pytest
 
 from slimserve import conventions
 from slimserve.export import reference as export_reference
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.observability import image_stats
 from slimserve.serving.observability import reference as reference_lib
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing.servers import serve_in_process
 from tests.drift_fixtures import drift_model, drift_parts  # noqa: F401
 

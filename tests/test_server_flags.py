@@ -25,8 +25,8 @@ from slimserve import fields
 from slimserve.cli import server as server_cli
 from slimserve.serving import options as options_lib
 from slimserve.serving import server as server_lib
+from slimserve.serving import server_process
 from slimserve.serving.core import batching
-from slimserve.serving.tools import server_process
 from slimserve.testing import commands
 from slimserve.testing import tiny_models
 from tests.helpers import ROOT, start_server_process
@@ -275,8 +275,9 @@ def test_a_sigterm_delivered_to_another_thread_still_stops_the_server(tmp_path):
 _HANGING_STOP = """
 import sys, threading
 from slimserve.cli import server
+from slimserve.serving import lifetime
 from slimserve.serving import server as server_lib
-server.STOP_DEADLINE_SECONDS = 2.0
+lifetime.STOP_DEADLINE_SECONDS = 2.0
 server_lib.ModelServer.stop = lambda self, grace=5.0: threading.Event().wait()
 sys.argv[0] = "slimserve-server"
 server.run()

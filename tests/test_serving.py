@@ -23,11 +23,11 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from slimserve.estimator import splits
 from slimserve.export import signatures
 from slimserve.export import verify
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import messages
-from slimserve.serving.core import batching
-from slimserve.serving.tools import client as client_lib
-from slimserve.serving.observability import metrics
 from slimserve.serving.config import model_config
+from slimserve.serving.core import batching
+from slimserve.serving.observability import metrics
 from slimserve.testing.servers import serve_in_process, wait_until
 from tests.helpers import rest_json, start_server_process
 

@@ -30,8 +30,8 @@ from tensorflow_serving.config import model_server_config_pb2
 from slimserve import errors as user_errors
 from slimserve.export import versions as export_versions
 from slimserve.serving import server as server_lib
+from slimserve.serving import server_process
 from slimserve.serving.config import model_config
-from slimserve.serving.tools import server_process
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import MEMORY_CAP, wait_until
 from tests.helpers import ROOT

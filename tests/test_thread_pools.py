@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from slimserve.serving import options as options_lib
+from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.config import session as session_lib
-from slimserve.serving.tools import client as client_lib
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
 

@@ -1,4 +1,4 @@
-"""Files the tools write at a path the user gave (serving/tools/outputs.py): a disk that
+"""Files the tools write at a path the user gave (slimserve/outputs.py): a disk that
 fills while they are written is one line naming the flag and the path, the previous file
 stays as it was and nothing half-written is left beside it. The disk fills for real: the
 writer runs in a child process whose file-size limit (RLIMIT_FSIZE) is 4 KiB, so a write
@@ -13,7 +13,9 @@ from tests.helpers import ROOT
 _WRITER = """
 import json, resource, signal, sys
 from slimserve import errors
-from slimserve.serving.tools import batching_tuner, bulk_report, outputs, tuner
+from slimserve import outputs
+from slimserve.serving.bulk import report as bulk_report
+from slimserve.serving.tuning import batching_tuner, tuner
 folder = sys.argv[1]
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))

@@ -18,9 +18,9 @@ from slimserve import conventions
 from slimserve import cpu
 from slimserve.serving.core import batching
 from slimserve.serving.observability import request_log
-from slimserve.serving.tools import batching_tuner
-from slimserve.serving.tools import tuner as tuner_lib
-from slimserve.serving.tools import tuner_inputs
+from slimserve.serving.tuning import batching_tuner
+from slimserve.serving.tuning import inputs as tuner_inputs
+from slimserve.serving.tuning import tuner as tuner_lib
 from slimserve.testing.commands import run_command
 from slimserve.testing.servers import wait_until
 from tests.helpers import ROOT, run_cli

@@ -20,11 +20,11 @@ import tensorflow as tf
 
 from slimserve import conventions
 from slimserve.errors import UserError
+from slimserve.serving.clients import image_classifier
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
-from slimserve.serving.core import version_dirs
 from slimserve.serving.core import tensors
-from slimserve.serving.tools import image_classifier
+from slimserve.serving.core import version_dirs
 from slimserve.serving.tools import label_candidates
 
 # Output keys read for the class decision and for the probabilities, in order of

@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 
+from slimserve import outputs
 from slimserve.serving.observability import drift
 from slimserve.serving.tools import label_candidates
-from slimserve.serving.tools import outputs
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

@@ -41,9 +41,9 @@ from google.protobuf import message as protobuf_message
 
 from slimserve import conventions
 from slimserve import errors
+from slimserve import outputs
 from slimserve.serving.core import tensors
 from slimserve.serving.observability import request_log
-from slimserve.serving.tools import outputs
 
 TOP_K = 3
 # A logged response's tensors are decoded under these bounds (elements per tensor, and

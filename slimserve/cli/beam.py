@@ -1,7 +1,7 @@
 """--runner and --beam_options for the commands that run on Apache Beam
 (slimserve-convert, slimserve-predict): defined once, as the `BeamOptions` section both
 commands' configs include (slimserve/fields.py); the flag values become PipelineOptions
-here, once, and the libraries (estimator/beam_dataset.py, serving/tools/beam_inference.py)
+here, once, and the libraries (estimator/beam_dataset.py, serving/bulk/beam.py)
 take those."""
 import dataclasses
 import logging

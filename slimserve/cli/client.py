@@ -10,23 +10,22 @@
 accuracy scores a labelled folder (class sub-folders) or CSV of path,label through the
 server: accuracy, per-class recall and the confusion matrix; files that cannot be sent or
 are refused are named and skipped; labels that are not classes of the model get no
-accuracy, saying which (serving/tools/served_accuracy.py).
+accuracy, saying which (serving/clients/served_accuracy.py).
 predict prints each file's top classes by name; a file that cannot be read, is no image,
 or is refused by the server gets an error line naming it (the others are still answered)
 and the command then exits 1. With no server at --server it says so in one line within
---connect_timeout, before TensorFlow is even imported.
+--connect_timeout, before TensorFlow is even imported. The subcommands are
+serving/clients/queries.py's.
 """
 import dataclasses
-import json
 import sys
 
 from absl import flags
 
 from slimserve import conventions
-from slimserve import errors
 from slimserve import fields
 from slimserve.cli import logs
-from slimserve.serving.tools import channel
+from slimserve.serving.clients import channel
 
 
 @dataclasses.dataclass
@@ -68,89 +67,6 @@ CONFIG = ClientConfig
 COMMANDS = ("predict", "classify", "metadata", "status", "accuracy")
 
 
-def _top(pairs, k):
-    return sorted(pairs, key=lambda p: -p[1])[:k]
-
-
-def _predict(config, client, files):
-    """Prints each file's answer as it arrives; returns how many files failed."""
-    failed, rows = 0, []
-    for result in client.predict_files(files, config.batch_size, config.concurrency,
-                                       config.signature_name or conventions.DEFAULT_SIGNATURE,
-                                       config.top_k):
-        if result.error:
-            failed += 1
-            row = {"file": result.path, "error": result.error}
-        else:
-            row = {"file": result.path, "class_id": result.class_id,
-                   "class": result.class_name,
-                   "top_k": [{"id": i, "name": name, "probability": p}
-                             for i, name, p in result.top_k]}
-        if config.json:
-            rows.append(row)
-        elif result.error:
-            print("%s: error: %s" % (result.path, result.error), file=sys.stderr, flush=True)
-        else:
-            print("%s: %s" % (result.path, ", ".join(
-                "%s %.3f" % (name if name is not None else i, p)
-                for i, name, p in result.top_k)), flush=True)
-    if config.json:
-        print(json.dumps(rows, indent=2))
-    return failed
-
-
-def _classify(config, client, client_lib, files):
-    failed, images, sent = 0, [], []
-    for path in files:
-        data, error = client_lib.read_image(path, config.max_message_bytes)
-        if error:
-            failed += 1
-            print("%s: error: %s" % (path, error), file=sys.stderr)
-        else:
-            images.append(data)
-            sent.append(path)
-    classes = client.classify(images, config.signature_name or conventions.CLASSIFY) \
-        if images else []
-    rows = [{"file": path, "top_k": [{"class": c, "score": s}
-                                     for c, s in _top(pairs, config.top_k)]}
-            for path, pairs in zip(sent, classes)]
-    if config.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        for row in rows:
-            print("%s: %s" % (row["file"], ", ".join("%s %.3f" % (e["class"], e["score"])
-                                                    for e in row["top_k"])))
-    return failed
-
-
-def _accuracy(config, client, spec):
-    """Scores the labelled folder or CSV `spec` through the server and prints the report;
-    UserError when its labels are not the model's classes (no accuracy then)."""
-    from slimserve.serving.tools import bulk_predict  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import bulk_report  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import served_accuracy  # pylint: disable=import-outside-toplevel
-    bulk_predict.check_output(config.summary, "--summary")
-    bulk_predict.check_output(config.confusion_matrix, "--confusion_matrix")
-    scored = served_accuracy.score(
-        client, spec, config.batch_size, config.concurrency,
-        config.signature_name or conventions.DEFAULT_SIGNATURE, config.progress,
-        on_error=lambda path, why: print("%s: error: %s (skipped)" % (path, why),
-                                         file=sys.stderr, flush=True))
-    summary = scored.summary
-    if config.summary:
-        bulk_report.write_summary(summary, config.summary, config.confusion_matrix)
-    elif config.confusion_matrix and "confusion_matrix" in summary:
-        bulk_report.plot_confusion(summary, config.confusion_matrix)
-    if config.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
-    if "no_accuracy" in summary:
-        if not config.json:
-            print(bulk_report.format_text(summary)[0])
-        raise errors.UserError("no accuracy: " + summary["no_accuracy"])
-    if not config.json:
-        print("\n".join(bulk_report.format_text(summary)))
-
-
 def main(config, args):
     """args: the subcommand, then the image files (predict, classify) or the labelled
     folder or CSV (accuracy)."""
@@ -162,37 +78,9 @@ def main(config, args):
     if command == "accuracy" and len(files) != 1:
         sys.exit("slimserve-client accuracy: name one labelled folder (class sub-folders) "
                  "or CSV of path,label")
-    import grpc  # pylint: disable=import-outside-toplevel
-    from google.protobuf import json_format  # pylint: disable=import-outside-toplevel
     # TensorFlow comes with the client library: imported only once a server answered.
-    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
-    client = client_lib.Client(config.server, config.model_name, config.model_version,
-                               config.version_label, config.timeout, config.max_message_bytes,
-                               config.retries, image_key=config.image_key)
-    failed = 0
-    try:
-        if command == "predict":
-            failed = _predict(config, client, files)
-        elif command == "classify":
-            failed = _classify(config, client, client_lib, files)
-        elif command == "accuracy":
-            _accuracy(config, client, files[0])
-        elif command == "metadata":
-            print(json.dumps({name: json_format.MessageToDict(sig)
-                              for name, sig in client.metadata().items()}, indent=2))
-        else:
-            result = [{"version": v, "state": s, "error": e} for v, s, e in client.status()]
-            if config.json:
-                print(json.dumps(result, indent=2))
-            for row in [] if config.json else result:
-                print("version %d: %s %s" % (row["version"], row["state"], row["error"]))
-    except grpc.RpcError as error:
-        raise errors.UserError("%s: %s" % (error.code().name, error.details())) from None
-    finally:
-        client.close()
-    if failed:
-        raise errors.UserError("%d of %d files got no answer (see the error lines above)"
-                               % (failed, len(files)))
+    from slimserve.serving.clients import queries  # pylint: disable=import-outside-toplevel
+    queries.run(config, command, files)
 
 
 def _check_server_first(argv):

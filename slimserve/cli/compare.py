@@ -16,10 +16,10 @@ import sys
 from tqdm import tqdm
 
 from slimserve import fields
+from slimserve import outputs
 from slimserve.cli import logs
 from slimserve.serving.tools import compare
 from slimserve.serving.tools import label_candidates
-from slimserve.serving.tools import outputs
 
 
 @dataclasses.dataclass

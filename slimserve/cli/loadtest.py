@@ -3,19 +3,14 @@
     slimserve-loadtest --server=localhost:8500 --images=photos/ --concurrency=1,8,32 \
         --requests=400
 
-Bounded by --requests and --max_seconds per level; it stops by itself.
+Bounded by --requests and --max_seconds per level; it stops by itself. The run is
+serving/clients/load_levels.py's.
 """
 import dataclasses
-import json
-import sys
 
-import grpc
-
-from slimserve import errors
 from slimserve import fields
 from slimserve.cli import logs
-from slimserve.serving.tools import client as client_lib
-from slimserve.serving.tools import loadtest
+from slimserve.serving.clients import load_levels
 
 
 @dataclasses.dataclass
@@ -43,42 +38,7 @@ CONFIG = LoadtestConfig
 
 def main(config, args):
     del args
-    try:
-        images = loadtest.load_images(config.images)
-    except errors.UserError as error:
-        raise errors.UserError("--images: %s" % error) from None
-    client = client_lib.Client(config.server, config.model_name, timeout=config.timeout,
-                               retries=0)
-    try:
-        input_key, _ = client.image_input_key(config.signature_name)
-    except grpc.RpcError as error:
-        raise errors.UserError("GetModelMetadata of model %s at %s failed: %s: %s" % (
-            config.model_name, config.server, error.code().name, error.details())) from None
-    rows = []
-    for level in config.concurrency:
-        done = [0]
-
-        def progress(level=level, done=done):
-            done[0] += 1
-            if done[0] % max(1, config.requests // 10) == 0:
-                print("  concurrency %d: %d/%d" % (level, done[0], config.requests),
-                      file=sys.stderr, flush=True)
-
-        result = loadtest.run_level(client, images, level, config.requests, config.max_seconds,
-                                    config.batch_size, config.signature_name, progress,
-                                    input_key=input_key)
-        del result["latencies_ms"]
-        rows.append(result)
-        if config.json:
-            print(json.dumps(result))
-    client.close()
-    if not config.json:
-        print("| concurrency | requests | req/s | p50 ms | p90 ms | p99 ms | errors |")
-        print("|---|---|---|---|---|---|---|")
-        for r in rows:
-            print("| %d | %d | %.1f | %.2f | %.2f | %.2f | %s |" % (
-                r["concurrency"], r["requests"], r["requests_per_s"], r["p50_ms"],
-                r["p90_ms"], r["p99_ms"], r["errors"] or 0))
+    load_levels.run(config)
 
 
 def run():

@@ -4,18 +4,18 @@
     slimserve-predict --model_base_path=gs://b/export --input='gs://b/data/validation-*' \\
         --output=gs://b/preds.jsonl --runner=DataflowRunner \\
         --beam_options="--project=P --region=R --temp_location=gs://b/tmp"
+
+The run (local or on Beam, then the summary) is serving/bulk/job.py's.
 """
 import dataclasses
 import json
 import sys
 
 from slimserve import fields
-from slimserve.cli.beam import BeamOptions
 from slimserve.cli import logs
-from slimserve.serving.tools import beam_inference
-from slimserve.serving.tools import bulk_inputs
-from slimserve.serving.tools import bulk_predict
-from slimserve.serving.tools import bulk_report
+from slimserve.cli.beam import BeamOptions
+from slimserve.serving.bulk import inputs as bulk_inputs
+from slimserve.serving.bulk import job
 
 
 @dataclasses.dataclass
@@ -62,22 +62,7 @@ CONFIG = PredictConfig
 
 def main(config, args):
     del args
-    summary_path = config.summary or config.output + ".summary.json"
-    bulk_predict.check_output(summary_path, "--summary")
-    bulk_predict.check_output(config.confusion_matrix, "--confusion_matrix")
-    options = config.beam.pipeline()
-    if options:
-        summary = beam_inference.predict_beam(
-            config.model_base_path, config.input, config.output, options,
-            config.model_version, config.batch_size, config.top_k, config.prediction_log,
-            config.signature_name, max_file_bytes=config.max_file_bytes)
-    else:
-        summary = bulk_predict.predict_local(
-            config.model_base_path, config.input, config.output, config.model_version,
-            config.batch_size, config.top_k, config.prediction_log, config.progress,
-            config.read_threads, config.signature_name, config.read_ahead,
-            config.max_file_bytes)
-    bulk_report.write_summary(summary, summary_path, config.confusion_matrix)
+    summary = job.run(config)
     brief = {k: summary[k] for k in ("images", "predicted", "errors", "accuracy")
              if k in summary}
     print("wrote %s: %s" % (config.output, json.dumps(brief)))

@@ -133,7 +133,7 @@ def _serving(config):
     from slimserve.export import versions as export_versions  # pylint: disable=import-outside-toplevel
     from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
     from slimserve.serving.core import version_dirs  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import image_classifier  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import image_classifier  # pylint: disable=import-outside-toplevel
     name, base, labels, snapshot = config.served_model, config.model_base_path, {}, None
     if config.model_config_file:
         where = "--model_config_file %s" % config.model_config_file
@@ -369,7 +369,7 @@ def _locked_main(config):
     """main() once the retrain lock of --model_dir is held."""
     from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
     from slimserve.estimator import merge  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import outputs  # pylint: disable=import-outside-toplevel
+    from slimserve import outputs  # pylint: disable=import-outside-toplevel
     serving = _serving(config)
     original = config.train.data.data_dir
     model_dir = config.train.run.model_dir

@@ -22,9 +22,9 @@ from slimserve import fields
 from slimserve.cli import logs
 from slimserve.cli import tuning
 from slimserve.cli.tuning import TuningOptions
-from slimserve.serving.tools import batching_tuner
-from slimserve.serving.tools import tuner as tuner_lib
-from slimserve.serving.tools import tuner_inputs
+from slimserve.serving.tuning import batching_tuner
+from slimserve.serving.tuning import inputs as tuner_inputs
+from slimserve.serving.tuning import tuner as tuner_lib
 
 TOOL = "slimserve-tune"
 

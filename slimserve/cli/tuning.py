@@ -14,10 +14,10 @@ from tqdm import tqdm
 
 from slimserve import errors
 from slimserve import fields
-from slimserve.serving.tools import batching_tuner
-from slimserve.serving.tools import outputs
-from slimserve.serving.tools import server_process
-from slimserve.serving.tools import tuner as tuner_lib
+from slimserve import outputs
+from slimserve.serving import server_process
+from slimserve.serving.tuning import batching_tuner
+from slimserve.serving.tuning import tuner as tuner_lib
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
     os.cpu_count() or 1)

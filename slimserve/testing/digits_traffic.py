@@ -122,7 +122,7 @@ def log_traffic(base, model_name, prefix, images, batch=1):
     (encoded bytes, in order) over gRPC `batch` at a time, stops the server (publishing
     the logs) and returns the logs' glob."""
     from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.clients import client as client_lib  # pylint: disable=import-outside-toplevel
     from slimserve.testing.servers import serve_in_process  # pylint: disable=import-outside-toplevel
     server = serve_in_process([model_config.ServedModel(model_name, base,
                                                         logging_config=logging_config(prefix))],

@@ -1,5 +1,5 @@
 """Servers for tests and benchmarks: in process (ModelServer on free ports) or as a child
-`slimserve-server` through the one launcher (serving/tools/server_process.py), under the
+`slimserve-server` through the one launcher (serving/server_process.py), under the
 suite's memory cap, and the waits around them.
 
     server = serve_in_process([ServedModel("tiny", base)])      # .port, .rest_api_port
@@ -15,7 +15,7 @@ import threading
 import time
 
 from slimserve.serving import server as server_lib
-from slimserve.serving.tools import server_process
+from slimserve.serving import server_process
 
 GIB = 1024 ** 3
 MEMORY_CAP = 4 * GIB  # a server child on a tiny model

@@ -1,5 +1,5 @@
 """Bulk inference on Apache Beam: the same ImageClassifier as the local run
-(serving/tools/image_classifier.py), behind Beam's RunInference (BatchElements batches,
+(serving/clients/image_classifier.py), behind Beam's RunInference (BatchElements batches,
 one model per worker process).
 
     refs -> Reshuffle -> read (files, or every record of a TFRecord shard)
@@ -9,10 +9,10 @@ The launcher then reads the JSON lines back for the summary, as the local path d
 """
 import json
 
-from slimserve.serving.tools import bulk_inputs
-from slimserve.serving.tools import bulk_predict
-from slimserve.serving.tools import bulk_report
-from slimserve.serving.tools import image_classifier
+from slimserve.serving.bulk import inputs as bulk_inputs
+from slimserve.serving.bulk import predict as bulk_predict
+from slimserve.serving.bulk import report as bulk_report
+from slimserve.serving.clients import image_classifier
 
 
 def make_model_handler(path, version, signature_name="serving_default", top_k=5,

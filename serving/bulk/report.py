@@ -4,7 +4,7 @@ the confusion matrix (as JSON, as text, optionally as a PNG).
 
 Read back from the written JSON lines in one pass, holding only counts, so a run of any
 length is summarized in bounded memory; written whole or not at all at the path the user
-gave (serving/tools/outputs.py). True labels (folder names, a CSV's labels) that are not
+gave (slimserve/outputs.py). True labels (folder names, a CSV's labels) that are not
 classes of the model get no accuracy: the summary says which they are (`not_classes`)
 instead of counting every such image as wrong.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from slimserve import errors
-from slimserve.serving.tools import outputs
+from slimserve import outputs
 
 
 def summarize_file(output, class_names=None):

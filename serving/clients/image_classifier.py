@@ -1,6 +1,6 @@
 """A SavedModel's image-bytes signature as a function of a batch of inputs: the
-classifier bulk inference runs, in this process (serving/tools/bulk_predict.py) or behind
-Beam's RunInference (serving/tools/beam_inference.py).
+classifier bulk inference runs, in this process (serving/bulk/predict.py) or behind
+Beam's RunInference (serving/bulk/beam.py).
 
 Loaded through the server's own Servable (so it answers as slimserve-server would), it
 turns each ImageInput into one row: the class id and name and the top-k probabilities,
@@ -16,9 +16,9 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import conventions
+from slimserve.serving.bulk import inputs as bulk_inputs
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
-from slimserve.serving.tools import bulk_inputs
 
 
 class ImageClassifier:

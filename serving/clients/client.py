@@ -8,7 +8,7 @@ GetModelMetadata and GetModelStatus (the command is slimserve/cli/client.py).
 
 Retries (with exponential backoff) only on UNAVAILABLE, the status a server gives
 while it starts, swaps versions or sheds load; anything else is final. (Whether anything
-listens at all is serving/tools/channel.py's check, which needs no TensorFlow.)
+listens at all is serving/clients/channel.py's check, which needs no TensorFlow.)
 
 `predict_files` is the bulk path of `slimserve-client predict`: every file is checked
 before it is sent (a regular file within --max_message_bytes that starts like a JPEG,
@@ -34,8 +34,8 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from slimserve import conventions
 from slimserve import errors
 from slimserve import image_listing
+from slimserve.serving.clients import channel as channel_lib
 from slimserve.serving.core import tensors
-from slimserve.serving.tools import channel as channel_lib
 
 DEFAULT_MESSAGE_BYTES = channel_lib.DEFAULT_MESSAGE_BYTES
 # A batch refused with one of these may be refused for one image in it: it is split.

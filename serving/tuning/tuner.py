@@ -27,16 +27,16 @@ import numpy as np
 
 from slimserve import conventions
 from slimserve import errors
+from slimserve import outputs
 from slimserve.serving import options as options_lib
+from slimserve.serving import server_process
+from slimserve.serving.clients import client as client_lib
+from slimserve.serving.clients import loadtest
 from slimserve.serving.config import model_config
 from slimserve.serving.observability import metrics
-from slimserve.serving.tools import batching_tuner
-from slimserve.serving.tools import client as client_lib
 from slimserve.serving.tools import compare
-from slimserve.serving.tools import loadtest
-from slimserve.serving.tools import outputs
-from slimserve.serving.tools import server_process
-from slimserve.serving.tools import tuner_inputs
+from slimserve.serving.tuning import batching_tuner
+from slimserve.serving.tuning import inputs as tuner_inputs
 
 # Tuner name -> the server's --mixed_precision value (TF Serving's; '' is fp32).
 PRECISIONS = {"fp32": "", "bf16": "bfloat16"}
@@ -395,7 +395,7 @@ def tfserving_flags(flags):
 
 def write_flagfile(path, flags, comments=(), flag="--output_flags"):
     """An absl flagfile (`slimserve-server --flagfile=PATH`), comments first; whole or
-    absent (serving/tools/outputs.py: a full disk names `flag` and the path)."""
+    absent (slimserve/outputs.py: a full disk names `flag` and the path)."""
     with outputs.write_atomically(path, flag) as handle:
         handle.write("".join("# %s\n" % line if line else "#\n" for line in comments))
         handle.write("".join(flag_text + "\n" for flag_text in flags))

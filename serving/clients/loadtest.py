@@ -2,7 +2,7 @@
 answer, send the next. Reports latency percentiles, throughput and errors.
 
 Every load in the project comes from `run_level`: `slimserve-loadtest`
-(slimserve/cli/loadtest.py), the tuners (serving/tools/tuner.py) and the serving
+(slimserve/cli/loadtest.py), the tuners (serving/tuning/tuner.py) and the serving
 benchmarks (benchmarks/bench_serve.py and its sections, benchmarks/request_rate.py), so
 a figure of one is a figure of the others. By default request i sends images through a
 Client's Predict to the signature's one string input, whose name `Client.image_input_key`

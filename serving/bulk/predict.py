@@ -1,16 +1,16 @@
 """Bulk inference: one exported SavedModel over many images, written as JSON lines.
 
 Inputs: an image folder (class sub-folders give the true labels), a glob, a CSV of
-`path[,label]`, or the TFRecord shards of a converted split (serving/tools/bulk_inputs.py
+`path[,label]`, or the TFRecord shards of a converted split (serving/bulk/inputs.py
 lists and reads them, through the lister every tool shares). Each image becomes one row:
 path, class id and name, top-k probabilities, or an `error` for an image that cannot be
-read or decoded (serving/tools/image_classifier.py: the job never fails for one image).
+read or decoded (serving/clients/image_classifier.py: the job never fails for one image).
 Optionally PredictionLog TFRecords as TFX's BulkInferrer writes them; with true labels, a
-summary (serving/tools/bulk_report.py: accuracy, per-class precision and recall,
+summary (serving/bulk/report.py: accuracy, per-class precision and recall,
 confusion matrix, optionally as a PNG).
 
 This module runs it in process (batched, files read ahead on threads, TensorFlow on every
-core); serving/tools/beam_inference.py runs the same ImageClassifier on Beam's
+core); serving/bulk/beam.py runs the same ImageClassifier on Beam's
 RunInference. Needs only a SavedModel: imports nothing from estimator/ or export/.
 
 Bounded and never stuck: at most `read_ahead` files are read ahead of the model (memory
@@ -24,12 +24,12 @@ import json
 import tensorflow as tf
 
 from slimserve import errors
+from slimserve import outputs
+from slimserve.serving.bulk import inputs as bulk_inputs
+from slimserve.serving.bulk import report as bulk_report
+from slimserve.serving.bulk.inputs import BulkPredictError  # noqa: F401  (callers' name)
+from slimserve.serving.clients import image_classifier
 from slimserve.serving.core import version_dirs
-from slimserve.serving.tools import bulk_inputs
-from slimserve.serving.tools import bulk_report
-from slimserve.serving.tools import image_classifier
-from slimserve.serving.tools import outputs
-from slimserve.serving.tools.bulk_inputs import BulkPredictError  # noqa: F401  (callers' name)
 
 DEFAULT_MAX_FILE_BYTES = bulk_inputs.DEFAULT_MAX_FILE_BYTES
 DEFAULT_READ_AHEAD = bulk_inputs.DEFAULT_READ_AHEAD

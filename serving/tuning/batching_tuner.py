@@ -4,7 +4,7 @@ batching file that carries the chosen one.
 A setting of `max_batch_size`, `batch_timeout_micros`, `num_batch_threads` and
 `max_enqueued_batches` is written as TF Serving's text-format batching file (the measured
 table in its comments), which the real `tensorflow_model_server
---batching_parameters_file` reads unchanged. Measuring is serving/tools/tuner.py's: the
+--batching_parameters_file` reads unchanged. Measuring is serving/tuning/tuner.py's: the
 batching-only mode (`slimserve-tune-batching`) is its sweep with one fp32 setting and no
 accuracy guard, presented in this module's table.
 """
@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 
 from slimserve import errors
-from slimserve.serving.tools import outputs
+from slimserve import outputs
 
 
 FIELDS = ("max_batch_size", "batch_timeout_micros", "num_batch_threads",
@@ -67,7 +67,7 @@ def write_config(path, best, rows, latency_budget_ms, concurrency, reference=Non
                  flag="--output_config"):
     """The chosen setting in TF Serving's format, with how it was chosen as comments
     (`measured`: the table text, default this module's; `notes`: more comment lines);
-    whole or absent (serving/tools/outputs.py: a full disk names `flag` and the path)."""
+    whole or absent (slimserve/outputs.py: a full disk names `flag` and the path)."""
     setting = Setting(**{name: best[name] for name in FIELDS})
     comments = ["Written by %s: highest throughput with p99 <= %g ms at concurrency %d."
                 % (tool, latency_budget_ms, concurrency)] + list(notes)

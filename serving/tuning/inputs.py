@@ -18,11 +18,11 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from slimserve import conventions
 from slimserve import errors
+from slimserve.serving.clients import loadtest
 from slimserve.serving.core import errors as serving_errors
 from slimserve.serving.core import tensors
 from slimserve.serving.observability import request_log
 from slimserve.serving.tools import compare
-from slimserve.serving.tools import loadtest
 
 IMAGES = "encoded images"
 EXAMPLES = "serialized tf.Examples"

@@ -3,10 +3,10 @@ sub-folders) or CSV (`path,label`) is sent through a TF Serving-compatible gRPC 
 (TensorFlow Serving's own or slimserve-server) and its answer compared with the label.
 
 The inputs are listed by slimserve/image_listing.py, the lister every tool shares, and
-sent by serving/tools/client.py `predict_files` (each file checked before it is sent; a
+sent by serving/clients/client.py `predict_files` (each file checked before it is sent; a
 file the server refuses costs one error, never its neighbours' answers). A file that
 cannot be read or is refused is named and skipped: it counts as an error, not as a wrong
-answer. The report is serving/tools/bulk_report.py's, as slimserve-predict's: accuracy,
+answer. The report is serving/bulk/report.py's, as slimserve-predict's: accuracy,
 per-class recall and the confusion matrix; labels that are not classes of the served
 model get no accuracy, saying which.
 """
@@ -16,7 +16,7 @@ from typing import Callable, List
 from slimserve import conventions
 from slimserve import errors
 from slimserve import image_listing
-from slimserve.serving.tools import bulk_report
+from slimserve.serving.bulk import report as bulk_report
 
 
 @dataclasses.dataclass
