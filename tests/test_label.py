@@ -29,7 +29,7 @@ from slimserve.serving.tools import label_candidates
 from slimserve.serving.tools import label_items
 from slimserve.serving.tools import label_page
 from slimserve.serving.tools import label_store
-from slimserve.serving.tools import label_thumbnails
+from slimserve.serving.observability import thumbnails
 from slimserve.testing import image_bombs
 from slimserve.testing.commands import help_text, run_command
 from tests.helpers import ROOT
@@ -240,20 +240,20 @@ def test_request_ids_are_safe_file_names():
 @pytest.mark.parametrize("bomb", sorted(image_bombs.BOMBS))
 def test_decompression_bombs_are_refused_before_decoding(bomb):
     data = image_bombs.BOMBS[bomb][0]()
-    with pytest.raises(label_thumbnails.NotAnImage):
-        label_thumbnails.thumbnail(data, max_pixels=1_000_000)
+    with pytest.raises(thumbnails.NotAnImage):
+        thumbnails.thumbnail(data, max_pixels=1_000_000)
 
 
 def test_thumbnails_are_small_pngs_and_other_bytes_are_not_images():
     for image_format in ("JPEG", "PNG", "GIF", "BMP"):
-        png, size, found = label_thumbnails.thumbnail(
+        png, size, found = thumbnails.thumbnail(
             image_bombs.encode(image_bombs.photo(500, 375), image_format), size=64)
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and size == (500, 375) and found == image_format
         assert max(Image.open(io.BytesIO(png)).size) == 64
     for data in (b"", b"<svg onload=alert(1)>", b"<html><script>x</script>", b"\x89PNG\r\n\x1a\n",
                  b"GIF89a" + b"\x00" * 20):
-        with pytest.raises(label_thumbnails.NotAnImage):
-            label_thumbnails.thumbnail(data)
+        with pytest.raises(thumbnails.NotAnImage):
+            thumbnails.thumbnail(data)
 
 
 # --- the page ----------------------------------------------------------------------

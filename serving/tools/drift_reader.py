@@ -42,7 +42,7 @@ from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.observability import drift
 from slimserve.serving.observability import image_stats
 from slimserve.serving.tools import label_candidates
-from slimserve.serving.tools import label_thumbnails
+from slimserve.serving.observability import thumbnails
 
 BATCH = 32
 THUMBNAIL_SIZE = 96
@@ -361,6 +361,6 @@ class DriftRun:
 
 def _thumbnail(image, max_pixels, max_bytes):
     try:
-        return label_thumbnails.thumbnail(image, THUMBNAIL_SIZE, max_pixels, max_bytes)[0]
-    except label_thumbnails.NotAnImage:
+        return thumbnails.thumbnail(image, THUMBNAIL_SIZE, max_pixels, max_bytes)[0]
+    except thumbnails.NotAnImage:
         return None

@@ -28,7 +28,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 from slimserve import conventions
 from slimserve import regular_files
 from slimserve.serving.tools import label_candidates
-from slimserve.serving.tools import label_thumbnails
+from slimserve.serving.observability import thumbnails as label_thumbnails
 
 REFERENCE_EXAMPLES = os.path.join(conventions.EXTRA_DIR, "reference", "examples")
 _REFERENCE_NAME = re.compile(r"^(\d{1,6})_(\d{1,6})\.png$")
