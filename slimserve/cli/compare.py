@@ -18,7 +18,7 @@ from tqdm import tqdm
 from slimserve import fields
 from slimserve.cli import logs
 from slimserve.serving.tools import compare
-from slimserve.serving.tools import label_candidates
+from slimserve.serving.observability import log_reader as label_candidates
 from slimserve.serving.tools import outputs
 
 
