@@ -197,6 +197,29 @@ def test_candidates_file_round_trip_bounds_and_ids(served_logs, tmp_path):
     assert not os.path.exists(path + ".tmp-%d" % os.getpid())
 
 
+def test_candidates_run_proposes_from_logs_or_a_file_by_its_config(served_logs, tmp_path):
+    """flywheel/candidates.py's run(): the least confident of --logs, or the best of a
+    --candidates file, each checked once; neither is one line naming both flags."""
+    config = candidates_lib.CandidatesConfig(logs=served_logs, max_candidates=4)
+    proposal = candidates_lib.run(config)
+    expected, _ = candidates_lib.propose(served_logs, 4)
+    assert [c.request_id for c in proposal.candidates] == [c.request_id for c in expected]
+    assert proposal.scan.images == 30 and proposal.source.startswith("the 4 least confident")
+    path = str(tmp_path / "candidates.jsonl")
+    candidates_lib.write_candidates(path, expected)
+    from_file = candidates_lib.run(candidates_lib.CandidatesConfig(
+        candidates=path, max_candidates=2), exclude={expected[0].request_id})
+    assert [c.request_id for c in from_file.candidates] == [
+        c.request_id for c in expected[1:3]]
+    assert from_file.scan.skipped == {"candidates file: decided before": 1}
+    with pytest.raises(errors.UserError, match="give --logs .* or --candidates"):
+        candidates_lib.run(candidates_lib.CandidatesConfig())
+    for bad in (0, -1, 2 ** 31, 2 ** 63 - 1):
+        with pytest.raises(errors.UserError, match="max_candidates"):
+            candidates_lib.run(candidates_lib.CandidatesConfig(logs=served_logs,
+                                                               max_candidates=bad))
+
+
 def test_a_candidates_file_drives_the_page(served_logs, digits_model, tmp_path):
     base, _ = digits_model
     candidates, _ = candidates_lib.propose(served_logs, 30)
