@@ -15,9 +15,10 @@ a full disk or a kill leaves the previous file, never half of one): `candidates.
 `report.json` (so a report.json names files that are there).
 
 The page is one self-contained HTML document (inline CSS and SVG, images as data: URIs of
-PNGs re-encoded by serving/observability/thumbnails.py, no script): which statistic moved and how much, the
-p-value of each statistic window by window against its level (since when), the reference's
-class shares beside the traffic's, and the most atypical served images. Every text that
+PNGs re-encoded by serving/observability/thumbnails.py, no script): which statistic moved
+and how much, the p-value of each statistic window by window against its level (since
+when), the reference's class shares beside the traffic's, and the most atypical served
+images. Every text that
 comes from logs or files is HTML-escaped.
 """
 import base64
@@ -62,7 +63,8 @@ def _utc(seconds):
 
 def build(outcome, context):
     """The report dict. context: model_name, model_version, version_dir, logs, options
-    (DriftOptions as a dict), reference (a Reference or None), scan (a log_reader.Scan), notes ([str]) and anything else to record as it is."""
+    (DriftOptions as a dict), reference (a Reference or None), scan (a log_reader.Scan),
+    notes ([str]) and anything else to record as it is."""
     reference = context.get("reference")
     latest = outcome.latest if outcome is not None else None
     report = {

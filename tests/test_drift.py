@@ -14,13 +14,18 @@ import sys
 import numpy as np
 import pytest
 
-from slimserve.serving.observability import drift
-from slimserve.serving.observability import image_stats
-from slimserve.serving.observability import reference as reference_lib
 from slimserve.flywheel import candidates as candidates_lib
 from slimserve.flywheel import drift as flywheel_drift
+from slimserve.serving.config import model_config
+from slimserve.serving.core import manager as manager_lib
+from slimserve.serving.observability import drift
+from slimserve.serving.observability import drift_monitor
 from slimserve.serving.observability import drift_pipeline
+from slimserve.serving.observability import image_stats
 from slimserve.serving.observability import log_reader
+from slimserve.serving.observability import reference as reference_lib
+from slimserve.serving.observability import request_logs as request_logs_lib
+from slimserve.serving.observability import status_page
 from slimserve.testing import digits_traffic
 from slimserve.testing.commands import run_command
 from tests.drift_fixtures import (MODEL, SHIFTED, UNSHIFTED, drift_logs,  # noqa: F401
@@ -283,8 +288,6 @@ def test_the_server_checks_its_own_logs_status_page_and_gauges(drift_model, traf
     SIGUSR2 asks it), it tests its own logged traffic; the status page and the Prometheus
     gauges show the result per model and version."""
     import urllib.request  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.observability import drift_monitor  # pylint: disable=import-outside-toplevel
     from slimserve.serving.observability import metrics  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import client as client_lib  # pylint: disable=import-outside-toplevel
     from slimserve.testing.servers import serve_in_process, wait_until  # pylint: disable=import-outside-toplevel
@@ -329,11 +332,6 @@ def test_the_monitor_says_unknown_when_a_statistic_is_not_computed(drift_model, 
     computed, so the server's monitor may not say "no drift" (as slimserve-drift says
     `unknown` and exits 1): drift None, the note names the statistic, no drift gauge, and
     the status page says unknown beside the statistics it computed."""
-    from slimserve.serving.core import manager as manager_lib  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.observability import drift_monitor  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.observability import request_logs as request_logs_lib  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.observability import status_page  # pylint: disable=import-outside-toplevel
     base = tmp_path / "model"
     shutil.copytree(drift_model, base)
     reference = reference_lib.read(str(base / "1"))
