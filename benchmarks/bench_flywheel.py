@@ -34,7 +34,7 @@ logs.quiet_tensorflow()
 from slimserve.serving.observability import drift  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving.observability import image_stats  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.serving.observability import reference as reference_lib  # noqa: E402  pylint: disable=wrong-import-position
-from slimserve.serving.tools import drift_reader  # noqa: E402  pylint: disable=wrong-import-position
+from slimserve.serving.observability import drift_pipeline  # noqa: E402  pylint: disable=wrong-import-position
 from slimserve.testing import digits_traffic  # noqa: E402  pylint: disable=wrong-import-position
 
 
@@ -86,7 +86,7 @@ def main():
     started = time.time()
     version_dir, held_out = setup(args)
     reference = reference_lib.read(version_dir)
-    model = drift_reader.VersionModel(version_dir)
+    model = drift_pipeline.VersionModel(version_dir)
     plain_bytes = [open(p, "rb").read() for p, _ in held_out]
     plain = features(model, plain_bytes)
     shifted = features(model, [digits_traffic.shift(b, args.shift) for b in plain_bytes])

@@ -31,7 +31,7 @@ from slimserve.export import signatures
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.observability import image_stats
 from slimserve.serving.observability import reference as reference_lib
-from slimserve.serving.tools import label_thumbnails
+from slimserve.serving.observability import thumbnails
 
 DEFAULT_IMAGES = 512
 MAX_IMAGES = reference_lib.MAX_IMAGES
@@ -125,7 +125,7 @@ def write_reference(export_dir, data_dir, eval_split=schema.VALIDATION,
     pngs = {}
     for label, encoded_list in examples.items():
         if 0 <= label < len(class_names):
-            pngs[label] = [label_thumbnails.thumbnail(e, EXAMPLE_SIZE)[0]
+            pngs[label] = [thumbnails.thumbnail(e, EXAMPLE_SIZE)[0]
                            for e in encoded_list]
     reference = reference_lib.Reference(
         class_names, probabilities, np.stack(stats),

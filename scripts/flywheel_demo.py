@@ -82,22 +82,22 @@ def send(port, images, label=None):
 
 def logged_images(pattern):
     """{request id: image bytes' sha256} of every logged image."""
-    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
-    found, scan = {}, label_candidates.Scan()
-    for path, index, log in label_candidates.iter_indexed(pattern, scan):
-        for item, logged in enumerate(label_candidates.logged_images(log) or []):
-            found[label_candidates.request_id(path, index, item)] = (
+    from slimserve.serving.observability import log_reader  # pylint: disable=import-outside-toplevel
+    found, scan = {}, log_reader.Scan()
+    for path, index, log in log_reader.iter_indexed(pattern, scan):
+        for item, logged in enumerate(log_reader.logged_images(log) or []):
+            found[log_reader.request_id(path, index, item)] = (
                 hashlib.sha256(logged.image).hexdigest(), path, index, item)
     return found
 
 
 def random_candidates(pattern, count, path, seed=0):
     """A candidates file of `count` logged images chosen at random: the baseline."""
-    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
+    from slimserve.flywheel import candidates  # pylint: disable=import-outside-toplevel
     logged = sorted(logged_images(pattern).items())
     chosen = random.Random(seed).sample(logged, min(count, len(logged)))
-    label_candidates.write_candidates(path, [
-        label_candidates.Candidate(log, index, item, rid, 1.0, ["chosen at random"])
+    candidates.write_candidates(path, [
+        candidates.Candidate(log, index, item, rid, 1.0, ["chosen at random"])
         for rid, (_, log, index, item) in chosen])
 
 

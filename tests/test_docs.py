@@ -160,8 +160,8 @@ def test_a_broken_link_is_reported(tmp_path, monkeypatch):
     assert "#nowhere" in broken[0] and "no file docs/b.md" in broken[1]
 
 
-LAYOUT_FOLDERS = ("slimserve", "estimator", "export", "serving", "scripts", "benchmarks",
-                  "tests", "configs")
+LAYOUT_FOLDERS = ("slimserve", "estimator", "export", "serving", "flywheel", "scripts",
+                  "benchmarks", "tests", "configs")
 
 
 def layout_tree_paths():

@@ -14,11 +14,18 @@ import sys
 import numpy as np
 import pytest
 
+from slimserve.flywheel import candidates as candidates_lib
+from slimserve.flywheel import drift as flywheel_drift
+from slimserve.serving.config import model_config
+from slimserve.serving.core import manager as manager_lib
 from slimserve.serving.observability import drift
+from slimserve.serving.observability import drift_monitor
+from slimserve.serving.observability import drift_pipeline
 from slimserve.serving.observability import image_stats
+from slimserve.serving.observability import log_reader
 from slimserve.serving.observability import reference as reference_lib
-from slimserve.serving.tools import drift_reader
-from slimserve.serving.tools import label_candidates
+from slimserve.serving.observability import request_logs as request_logs_lib
+from slimserve.serving.observability import status_page
 from slimserve.testing import digits_traffic
 from slimserve.testing.commands import run_command
 from tests.drift_fixtures import (MODEL, SHIFTED, UNSHIFTED, drift_logs,  # noqa: F401
@@ -36,7 +43,7 @@ def measured(drift_model, traffic_images):
     images inverted, thickened and rotated: {kind: Window of every image})."""
     version_dir = os.path.join(drift_model, "1")
     reference = reference_lib.read(version_dir)
-    model = drift_reader.VersionModel(version_dir)
+    model = drift_pipeline.VersionModel(version_dir)
 
     def window(images):
         return drift.Window(model.probabilities(images),
@@ -119,18 +126,23 @@ def test_too_few_permutations_for_the_level_are_refused():
 
 
 def test_the_reader_streams_windows_of_logged_traffic(drift_model, drift_logs):
-    selection = drift_reader.select(drift_logs["shifted"])
+    """serving's drift pipeline (what the server's monitor runs) over real logs, with the
+    flywheel's candidate scorer observing the images on the way."""
+    selection = drift_pipeline.select(drift_logs["shifted"])
     assert (selection.model, selection.version) == (MODEL, 1)
     assert selection.images == UNSHIFTED + SHIFTED and len(selection.files) == 1
     version_dir = os.path.join(drift_model, "1")
     reference = reference_lib.read(version_dir)
-    model = drift_reader.VersionModel(version_dir)
-    run = drift_reader.DriftRun(reference, drift.DriftOptions(window_size=WINDOW),
-                                model, max_windows=4, max_candidates=20, thumbnails=5)
-    for served in drift_reader.served_images(selection, skip=40):
-        run.add(served)
-    outcome = run.finish()
+    model = drift_pipeline.VersionModel(version_dir)
+    options = drift.DriftOptions(window_size=WINDOW)
+    prepared = drift.Prepared(reference, options)
+    scorer = flywheel_drift.CandidateScorer(prepared.embeddings, reference.class_names,
+                                            max_candidates=20, max_thumbnails=5)
+    outcome = drift_pipeline.run(selection, prepared, options, model,
+                                 max_images=selection.images - 40, max_windows=4,
+                                 observer=scorer)
     model.close()
+    found, atypical = scorer.found()
     read = UNSHIFTED + SHIFTED - 40
     assert outcome.images == read and outcome.evaluated == read // WINDOW
     assert len(outcome.windows) == 4  # only the newest kept
@@ -138,10 +150,11 @@ def test_the_reader_streams_windows_of_logged_traffic(drift_model, drift_logs):
     assert outcome.drift and not outcome.windows[0].result.drift
     first, earlier = outcome.since()  # the first window holding shifted images
     assert first.first == (UNSHIFTED - 40) // WINDOW * WINDOW and not earlier
-    assert len(outcome.candidates) == 20 and len(outcome.atypical) == 5
+    assert outcome.verdict() is True and outcome.not_computed() == []
+    assert len(found) == 20 and len(atypical) == 5
     # The most atypical are the inverted ones (logged after the first UNSHIFTED).
-    assert all(c.index >= UNSHIFTED for c, _ in outcome.atypical)
-    assert all(png.startswith(b"\x89PNG") for _, png in outcome.atypical)
+    assert all(c.index >= UNSHIFTED for c, _ in atypical)
+    assert all(png.startswith(b"\x89PNG") for _, png in atypical)
 
 
 def _drift(*args):
@@ -167,7 +180,7 @@ def test_cli_says_drift_yes_on_shifted_traffic_with_report_and_candidates(
     assert report["windows_evaluated"] == (UNSHIFTED + SHIFTED) // WINDOW
     html = (tmp_path / "out" / "report.html").read_text()
     assert "drift: yes" in html and "data:image/png;base64," in html and "<script" not in html
-    candidates, skipped = label_candidates.read_candidates(
+    candidates, skipped = candidates_lib.read_candidates(
         str(tmp_path / "out" / "candidates.jsonl"), 100)
     assert len(candidates) == 50 and not skipped
     assert sum(c.index >= UNSHIFTED for c in candidates) >= 45  # the shifted ones first
@@ -275,8 +288,6 @@ def test_the_server_checks_its_own_logs_status_page_and_gauges(drift_model, traf
     SIGUSR2 asks it), it tests its own logged traffic; the status page and the Prometheus
     gauges show the result per model and version."""
     import urllib.request  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.observability import drift_monitor  # pylint: disable=import-outside-toplevel
     from slimserve.serving.observability import metrics  # pylint: disable=import-outside-toplevel
     from slimserve.serving.clients import client as client_lib  # pylint: disable=import-outside-toplevel
     from slimserve.testing.servers import serve_in_process, wait_until  # pylint: disable=import-outside-toplevel
@@ -315,6 +326,46 @@ def test_the_server_checks_its_own_logs_status_page_and_gauges(drift_model, traf
         server.stop()
 
 
+def test_the_monitor_says_unknown_when_a_statistic_is_not_computed(drift_model, drift_logs,
+                                                                   tmp_path):
+    """A version whose reference has no embeddings: the embeddings statistic cannot be
+    computed, so the server's monitor may not say "no drift" (as slimserve-drift says
+    `unknown` and exits 1): drift None, the note names the statistic, no drift gauge, and
+    the status page says unknown beside the statistics it computed."""
+    base = tmp_path / "model"
+    shutil.copytree(drift_model, base)
+    reference = reference_lib.read(str(base / "1"))
+    reference.embeddings = None
+    shutil.rmtree(reference_lib.directory(str(base / "1")))
+    reference_lib.write(str(base / "1"), reference)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for path in glob.glob(drift_logs["unshifted"]):
+        shutil.copy(path, logs)
+    manager = manager_lib.ModelManager([model_config.ServedModel(MODEL, str(base))],
+                                       manager_lib.ManagerOptions(warmup=False))
+    manager.poll()
+    loggers = request_logs_lib.RequestLogs()
+    loggers.apply({MODEL: (str(logs / MODEL), 1.0)}, from_operator=True)
+    monitor = drift_monitor.DriftMonitor(
+        manager, loggers, drift_monitor.MonitorOptions(max_images=2 * WINDOW),
+        drift.DriftOptions(window_size=WINDOW))
+    try:
+        result = monitor.check_now()[(MODEL, 1)]
+    finally:
+        loggers.close()
+        manager.stop()
+    assert result.images == 2 * WINDOW
+    assert result.drift is None, result
+    assert result.note == "unknown: embeddings not computed (the reference has no embeddings)"
+    assert sorted(result.statistics) == sorted(set(drift.STATISTICS) - {"embeddings"})
+    samples = {family.name: family.samples for family in monitor.families()}
+    assert samples[drift_monitor.DRIFT] == []
+    assert len(samples[drift_monitor.DRIFT_STATISTIC]) == 3
+    page = status_page.render({}, {}, drift=monitor.results())
+    assert ">unknown</td>" in page and "embeddings not computed" in page
+
+
 def test_the_distances_are_the_textbook_ones():
     """KS as scipy computes it (ties included), total variation, and the biased MMD^2."""
     from scipy import stats  # pylint: disable=import-outside-toplevel
@@ -342,27 +393,27 @@ def test_atypical_and_disagreement_scorers_rank_the_shifted_images(drift_model, 
     reference, and where two versions disagree, are the shifted ones."""
     version_dir = os.path.join(drift_model, "1")
     reference = reference_lib.read(version_dir)
-    model = drift_reader.VersionModel(version_dir)
+    model = drift_pipeline.VersionModel(version_dir)
     try:
-        atypical = label_candidates.Atypical(reference.embeddings, embed=model.embeddings)
+        atypical = candidates_lib.Atypical(reference.embeddings, embed=model.embeddings)
         # typical reference images score about 0.5, the shifted ones near 1
         own = atypical.score_embeddings(reference.embeddings[:50])
         assert 0.3 < np.median([s for s, _ in own]) < 0.6
-        found, scan = label_candidates.propose(drift_logs["shifted"], 20, scorers=[atypical])
+        found, scan = candidates_lib.propose(drift_logs["shifted"], 20, scorers=[atypical])
         assert scan.images == UNSHIFTED + SHIFTED
         assert all(c.index >= UNSHIFTED for c in found)
         assert found[0].score > 0.7 and found[0].reasons[0].startswith("atypical: ")
         # A second version that also reads light-on-dark digits (it turns dark images
         # over first): it agrees with version 1 on upright digits, not on inverted ones.
-        other = drift_reader.VersionModel(version_dir)
+        other = drift_pipeline.VersionModel(version_dir)
 
         def robust(images):
             return other.probabilities([
                 digits_traffic.shift(i, "invert") if image_stats.statistics(i)[3] < 0.5
                 else i for i in images])
 
-        disagreement = label_candidates.Disagreement(robust, 2, reference.class_names)
-        found, _ = label_candidates.propose(drift_logs["shifted"], 20,
+        disagreement = candidates_lib.Disagreement(robust, 2, reference.class_names)
+        found, _ = candidates_lib.propose(drift_logs["shifted"], 20,
                                             scorers=[disagreement])
         other.close()
         assert sum(c.index >= UNSHIFTED for c in found) == 20
@@ -407,12 +458,12 @@ def test_another_programs_tfrecords_among_the_logs_are_named_skips(drift_model, 
     assert result.code == 0 and "Traceback" not in result.output, result.output
     report = json.loads((tmp_path / "drift" / "report.json").read_text())
     assert report["images"] == UNSHIFTED
-    assert report["skipped"][label_candidates.FOREIGN] == 2
+    assert report["skipped"][log_reader.FOREIGN] == 2
     assert sorted(f["log"] for f in report["skipped_files"]) == sorted(foreign)
     page, _, notes = label_cli.prepare(fields.check(label_cli.LabelConfig(
         logs=pattern, output_dir=str(tmp_path / "labels"), model_base_path=drift_model,
         progress=False)))
-    assert page.items and "2 %s" % label_candidates.FOREIGN in " ".join(notes)
+    assert page.items and "2 %s" % log_reader.FOREIGN in " ".join(notes)
     compare = ["--baseline", drift_model, "--candidate", drift_model]
     result = run_command("slimserve.cli.compare", "--logs", pattern, *compare,
                          "--noprogress", "--json_output", tmp_path / "canary.json")
@@ -450,6 +501,6 @@ def test_a_record_claiming_2_to_the_40_images_and_a_damaged_file_are_counted_not
     assert report["images"] == 2 * WINDOW and report["windows_evaluated"] == 2
     assert report["skipped"]["malformed record (unreadable image_bytes tensor "
                              "(ServingError))"] == 1  # beyond the server's bounds
-    assert report["skipped"][label_candidates.DAMAGED] == 1
+    assert report["skipped"][log_reader.DAMAGED] == 1
     assert [f["log"] for f in report["skipped_files"]] == [damaged]
     assert claiming not in {f["log"] for f in report["skipped_files"]}

@@ -1,4 +1,4 @@
-"""slimserve-label in process: choosing the images (serving/tools/label_candidates.py),
+"""slimserve-label in process: choosing the images (flywheel/candidates.py),
 thumbnails of hostile bytes, the output tree and its provenance (label_store.py), and the
 page as a WSGI app called without a socket (label_page.py): labelling, none of these,
 skipping, resuming, two labellers at once, path escapes, escaping, bounded bodies. The
@@ -24,12 +24,13 @@ from slimserve import errors
 from slimserve import fields
 from slimserve.cli import label as label_cli
 from slimserve.estimator import dataset
+from slimserve.flywheel import candidates as candidates_lib
+from slimserve.serving.observability import log_reader
 from slimserve.serving.observability import request_log
-from slimserve.serving.tools import label_candidates
+from slimserve.serving.observability import thumbnails
 from slimserve.serving.tools import label_items
 from slimserve.serving.tools import label_page
 from slimserve.serving.tools import label_store
-from slimserve.serving.tools import label_thumbnails
 from slimserve.testing import image_bombs
 from slimserve.testing.commands import help_text, run_command
 from tests.helpers import ROOT
@@ -104,12 +105,12 @@ def provenance(output_dir):
 def logged_confidences(pattern):
     """{request id: top-1 probability} of every logged image, read independently."""
     found = {}
-    for path, _ in label_candidates.log_files(pattern):
+    for path, _ in log_reader.log_files(pattern):
         for index, log in enumerate(request_log.iter_logs(path)):
             probabilities = np.array(log.predict_log.response.outputs["probabilities"].float_val)
             rows = probabilities.reshape(-1, 10)
             for item, row in enumerate(rows):
-                found[label_candidates.request_id(path, index, item)] = row.max()
+                found[log_reader.request_id(path, index, item)] = row.max()
     return found
 
 
@@ -118,7 +119,7 @@ def logged_confidences(pattern):
 def test_propose_offers_the_least_confident_logged_images_first(served_logs):
     confidences = logged_confidences(served_logs)
     assert len(confidences) == 30  # 24 single requests and 3 batches of two
-    candidates, scan = label_candidates.propose(served_logs, 8)
+    candidates, scan = candidates_lib.propose(served_logs, 8)
     assert scan.records == 27 and scan.images == 30 and scan.files == 1
     assert [c.request_id for c in candidates] == sorted(confidences,
                                                          key=confidences.get)[:8]
@@ -131,13 +132,13 @@ def test_propose_offers_the_least_confident_logged_images_first(served_logs):
         assert candidate.reasons[0].startswith("low confidence")
     assert scan.logged_classes() == CLASSES
     # A resumed run proposes the next ones, not those already decided.
-    later, _ = label_candidates.propose(served_logs, 8,
+    later, _ = candidates_lib.propose(served_logs, 8,
                                         exclude={c.request_id for c in candidates[:3]})
     assert [c.request_id for c in later[:5]] == [c.request_id for c in candidates[3:]]
     # Another score slots in as a scorer; merged proposals keep every reason.
-    atypical, _ = label_candidates.propose(served_logs, 2, scorers=[
+    atypical, _ = candidates_lib.propose(served_logs, 2, scorers=[
         lambda logged: (float(len(logged.image)), "large file")])
-    merged = label_candidates.merge(candidates, atypical)
+    merged = candidates_lib.merge(candidates, atypical)
     assert merged[0].request_id == atypical[0].request_id and "large file" in merged[0].reasons
     assert len(merged) == len({c.request_id for c in candidates + atypical})
     both = {c.request_id for c in candidates} & {c.request_id for c in atypical}
@@ -149,7 +150,7 @@ def test_a_dead_writers_temporary_is_read_and_found_again_once_published(served_
                                                                          tmp_path):
     import fcntl  # pylint: disable=import-outside-toplevel
     import shutil  # pylint: disable=import-outside-toplevel
-    source = label_candidates.log_files(served_logs)[0][0]
+    source = log_reader.log_files(served_logs)[0][0]
     final = str(tmp_path / "digits-dead-1.tfrecord")
     temp = str(tmp_path / ".digits-dead-1.tfrecord.tmp")  # as a killed writer leaves it
     shutil.copy(source, temp)
@@ -159,51 +160,74 @@ def test_a_dead_writers_temporary_is_read_and_found_again_once_published(served_
     fcntl.flock(holder, fcntl.LOCK_EX)
     try:
         pattern = str(tmp_path / "digits*")
-        assert [p for p, _ in label_candidates.log_files(pattern)] == [temp]
-        candidates, scan = label_candidates.propose(pattern, 3)
+        assert [p for p, _ in log_reader.log_files(pattern)] == [temp]
+        candidates, scan = candidates_lib.propose(pattern, 3)
     finally:
         os.close(holder)
         os.unlink(live)
     assert scan.records == 27 and candidates[0].log == temp
     assert candidates[0].request_id.startswith("digits-dead-1-")
-    items = label_items.load_items(candidates, label_candidates.Scan())
+    items = label_items.load_items(candidates, log_reader.Scan())
     os.rename(temp, final)  # published meanwhile by the next logger
     data = label_items.original_image(items[0])
     assert hashlib.sha256(data).hexdigest() == items[0].image_sha256
     # Only other models' requests: nothing to offer, every record counted.
-    none, scan = label_candidates.propose(str(tmp_path / "digits*"), 3, model_name="other")
+    none, scan = candidates_lib.propose(str(tmp_path / "digits*"), 3, model_name="other")
     assert none == [] and scan.skipped["other model"] == 27
 
 
 def test_candidates_file_round_trip_bounds_and_ids(served_logs, tmp_path):
-    candidates, _ = label_candidates.propose(served_logs, 5)
+    candidates, _ = candidates_lib.propose(served_logs, 5)
     path = str(tmp_path / "candidates.jsonl")
-    label_candidates.write_candidates(path, candidates)
+    candidates_lib.write_candidates(path, candidates)
     with open(path, "a") as handle:
         handle.write("not json\n")
         handle.write(json.dumps({"log": "x.tfrecord", "index": -1}) + "\n")
-        handle.write("x" * (label_candidates.MAX_LINE_BYTES + 10) + "\n")
+        handle.write("x" * (candidates_lib.MAX_LINE_BYTES + 10) + "\n")
         # An id from the file is never used as a name: it is ours, from log and index.
         handle.write(json.dumps({"log": candidates[0].log, "index": 0, "score": 9.0,
                                  "request_id": "../../../etc/passwd",
                                  "reasons": ["<b>atypical</b>"] * 50}) + "\n")
-    read, skipped = label_candidates.read_candidates(path, 4)
+    read, skipped = candidates_lib.read_candidates(path, 4)
     assert len(read) == 4 and read[0].score == 9.0
-    assert read[0].request_id == label_candidates.request_id(candidates[0].log, 0, 0)
-    assert len(read[0].reasons) == label_candidates.MAX_REASONS
+    assert read[0].request_id == log_reader.request_id(candidates[0].log, 0, 0)
+    assert len(read[0].reasons) == candidates_lib.MAX_REASONS
     assert [c.request_id for c in read[1:]] == [c.request_id for c in candidates[:3]]
     assert sum(skipped.values()) == 3, skipped
     assert not os.path.exists(path + ".tmp-%d" % os.getpid())
 
 
+def test_candidates_run_proposes_from_logs_or_a_file_by_its_config(served_logs, tmp_path):
+    """flywheel/candidates.py's run(): the least confident of --logs, or the best of a
+    --candidates file, each checked once; neither is one line naming both flags."""
+    config = candidates_lib.CandidatesConfig(logs=served_logs, max_candidates=4)
+    proposal = candidates_lib.run(config)
+    expected, _ = candidates_lib.propose(served_logs, 4)
+    assert [c.request_id for c in proposal.candidates] == [c.request_id for c in expected]
+    assert proposal.scan.images == 30 and proposal.source.startswith("the 4 least confident")
+    path = str(tmp_path / "candidates.jsonl")
+    candidates_lib.write_candidates(path, expected)
+    from_file = candidates_lib.run(candidates_lib.CandidatesConfig(
+        candidates=path, max_candidates=2), exclude={expected[0].request_id})
+    assert [c.request_id for c in from_file.candidates] == [
+        c.request_id for c in expected[1:3]]
+    assert from_file.scan.skipped == {"candidates file: decided before": 1}
+    with pytest.raises(errors.UserError, match="give --logs .* or --candidates"):
+        candidates_lib.run(candidates_lib.CandidatesConfig())
+    for bad in (0, -1, 2 ** 31, 2 ** 63 - 1):
+        with pytest.raises(errors.UserError, match="max_candidates"):
+            candidates_lib.run(candidates_lib.CandidatesConfig(logs=served_logs,
+                                                               max_candidates=bad))
+
+
 def test_a_candidates_file_drives_the_page(served_logs, digits_model, tmp_path):
     base, _ = digits_model
-    candidates, _ = label_candidates.propose(served_logs, 30)
+    candidates, _ = candidates_lib.propose(served_logs, 30)
     chosen = candidates[-4:]  # the four most confident: another scorer's choice
     path = str(tmp_path / "candidates.jsonl")
-    label_candidates.write_candidates(path, chosen + [
-        label_candidates.Candidate(str(tmp_path / "gone.tfrecord"), 0, score=2.0),
-        label_candidates.Candidate(chosen[0].log, 999, score=3.0)])
+    candidates_lib.write_candidates(path, chosen + [
+        candidates_lib.Candidate(str(tmp_path / "gone.tfrecord"), 0, score=2.0),
+        candidates_lib.Candidate(chosen[0].log, 999, score=3.0)])
     page, _, notes = label_cli.prepare(config(candidates=path, model_base_path=base,
                                               output_dir=str(tmp_path / "out")))
     assert list(page.items) == [c.request_id for c in chosen]
@@ -224,13 +248,13 @@ def test_class_names_that_could_leave_the_output_folder_are_refused(name, tmp_pa
 
 
 def test_request_ids_are_safe_file_names():
-    assert label_candidates.request_id("/logs/resnet-1-2-00001.tfrecord", 7, 1) == \
+    assert log_reader.request_id("/logs/resnet-1-2-00001.tfrecord", 7, 1) == \
         "resnet-1-2-00001-7-1"
     # An abandoned temporary and its published file give the same ids.
-    assert label_candidates.request_id("/logs/.resnet-1.tfrecord.tmp", 3) == \
-        label_candidates.request_id("/logs/resnet-1.tfrecord", 3)
+    assert log_reader.request_id("/logs/.resnet-1.tfrecord.tmp", 3) == \
+        log_reader.request_id("/logs/resnet-1.tfrecord", 3)
     for hostile in ("/logs/../../<script>x.tfrecord", "/l/..", "/l/" + "é" * 300, "/l/.. .tmp"):
-        rid = label_candidates.request_id(hostile, 1, 2)
+        rid = log_reader.request_id(hostile, 1, 2)
         label_store.check_request_id(rid)
         assert "/" not in rid and not rid.startswith(".") and len(rid) <= 120
 
@@ -240,20 +264,20 @@ def test_request_ids_are_safe_file_names():
 @pytest.mark.parametrize("bomb", sorted(image_bombs.BOMBS))
 def test_decompression_bombs_are_refused_before_decoding(bomb):
     data = image_bombs.BOMBS[bomb][0]()
-    with pytest.raises(label_thumbnails.NotAnImage):
-        label_thumbnails.thumbnail(data, max_pixels=1_000_000)
+    with pytest.raises(thumbnails.NotAnImage):
+        thumbnails.thumbnail(data, max_pixels=1_000_000)
 
 
 def test_thumbnails_are_small_pngs_and_other_bytes_are_not_images():
     for image_format in ("JPEG", "PNG", "GIF", "BMP"):
-        png, size, found = label_thumbnails.thumbnail(
+        png, size, found = thumbnails.thumbnail(
             image_bombs.encode(image_bombs.photo(500, 375), image_format), size=64)
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and size == (500, 375) and found == image_format
         assert max(Image.open(io.BytesIO(png)).size) == 64
     for data in (b"", b"<svg onload=alert(1)>", b"<html><script>x</script>", b"\x89PNG\r\n\x1a\n",
                  b"GIF89a" + b"\x00" * 20):
-        with pytest.raises(label_thumbnails.NotAnImage):
-            label_thumbnails.thumbnail(data)
+        with pytest.raises(thumbnails.NotAnImage):
+            thumbnails.thumbnail(data)
 
 
 # --- the page ----------------------------------------------------------------------

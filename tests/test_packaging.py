@@ -18,7 +18,7 @@ def test_the_wheel_holds_one_top_level_package(tmp_path):
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(
         (".dist-info", ".data"))}
     assert top == {"slimserve"}, top
-    for library in ("estimator", "export", "serving"):
+    for library in ("estimator", "export", "serving", "flywheel"):
         assert "slimserve/%s/__init__.py" % library in names
     assert "slimserve/serving/core/servable.py" in names
     assert "slimserve/serving/tfserving/batching.config" in names  # package data
@@ -32,17 +32,17 @@ def test_installed_package_imports_under_one_name_only(tmp_path):
     reachable as slimserve.*, never as bare top-level names."""
     code = ("import importlib.util as u, slimserve.serving.core.servable, "
             "slimserve.estimator.schema, slimserve.export.signatures; "
-            "print([n for n in ('estimator', 'export', 'serving') if u.find_spec(n)])")
+            "print([n for n in ('estimator', 'export', 'serving', 'flywheel') if u.find_spec(n)])")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_no_module_imports_the_libraries_by_their_bare_folder_names():
-    bare = re.compile(r"^\s*(from|import)\s+(estimator|export|serving)(\.|\s|$)", re.M)
+    bare = re.compile(r"^\s*(from|import)\s+(estimator|export|serving|flywheel)(\.|\s|$)", re.M)
     offenders = []
-    for folder in ("slimserve", "estimator", "export", "serving", "scripts", "benchmarks",
-                   "tests"):
+    for folder in ("slimserve", "estimator", "export", "serving", "flywheel", "scripts",
+                   "benchmarks", "tests"):
         for root, _, files in os.walk(os.path.join(ROOT, folder)):
             for name in files:
                 if name.endswith(".py"):

@@ -22,7 +22,7 @@ permutations' resolution, 1 / (permutations + 1); DriftOptions refuses fewer
 permutations than the level needs.
 
 Everything here is numpy over arrays already in memory: reading logs and computing
-served images' features is serving/tools/drift_reader.py's job.
+served images' features is drift_pipeline.py's job.
 """
 import dataclasses
 import math

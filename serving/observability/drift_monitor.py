@@ -10,13 +10,17 @@ and the Prometheus metrics show the last result per model and version.
 Off the request path and bounded: one daemon thread runs the checks, one at a time; a
 check publishes each model's open request log file (as SIGUSR1 does), then for each
 AVAILABLE version reads only the newest log files until they hold `max_images` of its
-images (serving/tools/drift_reader.py), runs that version's `embeddings` signature on
-them through the loaded version itself (one in-flight reference held meanwhile, as a
-request holds one), and keeps a few numbers per version; a version without a reference
-or without logged traffic says so. Only models with request logging
-(a logging_config) are checked. Gauges: drift {model_name, model_version} (1: the newest
-window drifts), drift_statistic, drift_threshold and drift_p_value {model_name,
-model_version, statistic}: series only for served versions and the four statistics.
+images (drift_pipeline.py, the pipeline the flywheel's drift report runs too), runs that
+version's `embeddings` signature on them through the loaded version itself (one
+in-flight reference held meanwhile, as a request holds one), and keeps a few numbers per
+version. A version without a reference or without logged traffic says so; one whose
+statistics were not all computed (no embeddings signature, no decodable image) and none
+of the computed ones drifts is unknown (drift None, the note says which), never "no
+drift", as slimserve-drift says `unknown`: a statistic not computed is no evidence. Only
+models with request logging (a logging_config) are checked. Gauges: drift {model_name,
+model_version} (1: the newest window drifts; no series while unknown), drift_statistic,
+drift_threshold and drift_p_value {model_name, model_version, statistic}: series only for
+served versions and the statistics computed.
 """
 import dataclasses
 import glob
@@ -30,6 +34,7 @@ from prometheus_client.core import GaugeMetricFamily
 from slimserve import fields
 from slimserve.serving.core import errors
 from slimserve.serving.observability import drift as drift_lib
+from slimserve.serving.observability import drift_pipeline
 from slimserve.serving.observability import reference as reference_lib
 
 DRIFT = ":slimserve:serving:drift"
@@ -57,7 +62,7 @@ class VersionDrift:
     version: int
     checked_at: float
     images: int = 0
-    drift: Optional[bool] = None  # None: not tested (note says why)
+    drift: Optional[bool] = None  # None: not tested, or unknown (note says why)
     statistics: Dict[str, drift_lib.StatisticResult] = dataclasses.field(default_factory=dict)
     since: Optional[int] = None   # logged time of the first window of the drift
     note: str = ""
@@ -128,8 +133,6 @@ class DriftMonitor:
         return self.results()
 
     def _check(self, name, version, pattern):
-        from slimserve.serving.tools import drift_reader  # pylint: disable=import-outside-toplevel
-        from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
         now = time.time()
         try:
             servable = self.manager.acquire(name, version)
@@ -141,31 +144,32 @@ class DriftMonitor:
                 return VersionDrift(name, version, now, note="no reference (exported "
                                     "before references were recorded)")
             try:
-                selection = drift_reader.select(pattern, name, version,
-                                                self.options.max_images)
+                selection = drift_pipeline.select(pattern, name, version,
+                                                  self.options.max_images)
             except (ValueError, OSError) as error:  # no log file yet: a UserError
                 return VersionDrift(name, version, now, note=str(error))
             if not selection.images:
                 return VersionDrift(name, version, now, note="no logged traffic yet")
-            model = drift_reader.VersionModel(servable=servable)
-            run = drift_reader.DriftRun(prepared, self.drift_options, model,
-                                        max_windows=max(1, self.options.max_images //
-                                                        self.drift_options.window_size + 1),
-                                        max_candidates=0, thumbnails=0)
-            skip = max(0, selection.images - self.options.max_images)
-            for served in drift_reader.served_images(selection, skip,
-                                                     label_candidates.Scan()):
-                run.add(served)
-            outcome = run.finish()
+            model = drift_pipeline.VersionModel(servable=servable)
+            outcome = drift_pipeline.run(
+                selection, prepared, self.drift_options, model, self.options.max_images,
+                max_windows=max(1, self.options.max_images //
+                                self.drift_options.window_size + 1))
         finally:
             servable.release()
         if outcome.latest is None:
             return VersionDrift(name, version, now, outcome.images,
                                 note="%d logged image(s), fewer than a window" % outcome.images)
         first, _ = outcome.since()
-        return VersionDrift(name, version, now, outcome.images, outcome.drift,
+        note = ""
+        if outcome.verdict() is None:  # no evidence either way: slimserve-drift's `unknown`
+            why = ("the version has no embeddings signature" if not model.has_embeddings
+                   else "the reference has no embeddings" if prepared.embeddings is None
+                   else "too few decodable images")
+            note = "unknown: %s not computed (%s)" % (", ".join(outcome.not_computed()), why)
+        return VersionDrift(name, version, now, outcome.images, outcome.verdict(),
                             dict(outcome.latest.result.statistics),
-                            first.start_time if first is not None else None)
+                            first.start_time if first is not None else None, note)
 
     def _reference(self, path):
         """The Prepared reference of a version directory (cached), None without one."""
@@ -200,10 +204,9 @@ class DriftMonitor:
         p_values = GaugeMetricFamily(DRIFT_P_VALUE, "Each drift statistic's p-value.",
                                      labels=labels + ["statistic"])
         for (model, version), result in sorted(self.results().items()):
-            if result.drift is None:
-                continue
             key = [model, str(version)]
-            flagged.add_metric(key, 1.0 if result.drift else 0.0)
+            if result.drift is not None:
+                flagged.add_metric(key, 1.0 if result.drift else 0.0)
             for name, stat in result.statistics.items():
                 values.add_metric(key + [name], stat.value)
                 thresholds.add_metric(key + [name], stat.threshold)

@@ -5,7 +5,8 @@ Request bytes are whatever a client sent. `open_image` opens only JPEG, PNG, GIF
 header claims against `max_pixels` before a pixel is decoded (decompression bombs:
 slimserve/testing/image_bombs.py), decodes JPEGs at a reduced scale when that is enough
 (`draft`), and returns the first frame. Anything else is NotAnImage with the reason.
-serving/tools/label_thumbnails.py makes the labelling page's thumbnails through it.
+serving/observability/thumbnails.py makes the report's and labelling page's thumbnails
+through it.
 
 `statistics` is one row of what the export's reference records for each validation image
 and drift detection computes for each served one (serving/observability/reference.py):

@@ -23,8 +23,9 @@ TFRecord files under `filename_prefix` (a local path):
   on that directory (its torn last record cut off), and until then the readers below
   read its complete records: nothing counted as written stays hidden.
 
-The files are what `slimserve-export --warmup_from` and `slimserve-compare --logs` read,
-through `iter_logs`.
+The files are read back, one at a time and with the damage above handled, by `iter_logs`
+(what `slimserve-export --warmup_from` and the tuner read); log_reader.py builds the
+indexed, image-decoding reader every other reader of the logs uses on it.
 """
 import collections
 import dataclasses
@@ -463,9 +464,14 @@ def _publish(temp, final):
     os.unlink(temp)
 
 
-def _final_name(temp_path):
-    directory, name = os.path.split(temp_path)
-    return os.path.join(directory, name[1:-len(TEMP_SUFFIX)])
+def published_name(path):
+    """The name a request log file has once published: a temporary `.<name>.tmp` (its
+    writer alive, or dead and published later) becomes `<name>`; any other path is its
+    own."""
+    directory, name = os.path.split(path)
+    if name.startswith(".") and name.endswith(TEMP_SUFFIX):
+        return os.path.join(directory, name[1:-len(TEMP_SUFFIX)])
+    return path
 
 
 def _try_lock(fd, shared):
@@ -511,8 +517,8 @@ def recover_abandoned(directory, base=""):
                 pass
             if report.records:
                 os.ftruncate(fd, report.complete_bytes)
-                _publish(temp, _final_name(temp))
-                published.append(_final_name(temp))
+                _publish(temp, published_name(temp))
+                published.append(published_name(temp))
             else:
                 os.unlink(temp)
         except (OSError, ValueError) as error:
@@ -574,6 +580,15 @@ def _abandoned_temps(pattern):
         else:
             os.close(fd)
     return found
+
+
+def abandoned_temporaries(pattern):
+    """The temporaries of files a local `pattern` would match whose writer died (their
+    complete records are what iter_logs reads after the published files)."""
+    found = _abandoned_temps(pattern)
+    for _, fd in found:
+        os.close(fd)
+    return [temp for temp, _ in found]
 
 
 def iter_logs(pattern, report=None):

@@ -103,12 +103,15 @@ def _drift_rows(drift, esc):
         row = "<tr>" + _cell(esc(str(model))) + _cell(version, True) + _cell(
             time.strftime("%H:%M:%S", time.gmtime(result.checked_at))) + _cell(
                 result.images, True)
-        if result.drift is None:
+        if result.drift is None and not result.statistics:
             row += '<td class="none" colspan="%d">%s</td>' % (len(_STATISTICS) + 2,
                                                               esc(result.note))
         else:
-            row += '<td class="%s">%s</td>' % ("drift" if result.drift else "nodrift",
-                                               "yes" if result.drift else "no")
+            if result.drift is None:  # some statistic not computed: no evidence either way
+                row += '<td class="none" title="%s">unknown</td>' % esc(result.note)
+            else:
+                row += '<td class="%s">%s</td>' % ("drift" if result.drift else "nodrift",
+                                                   "yes" if result.drift else "no")
             for name in _STATISTICS:
                 stat = result.statistics.get(name)
                 row += _cell("-" if stat is None else '<span class="%s" title="%s">%.3g '

@@ -25,7 +25,7 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import tensors
 from slimserve.serving.core import version_dirs
-from slimserve.serving.tools import label_candidates
+from slimserve.serving.observability import log_reader as label_candidates
 
 # Output keys read for the class decision and for the probabilities, in order of
 # preference: slimserve's predict signatures, then TF Serving's classify convention.

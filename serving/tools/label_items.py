@@ -27,8 +27,9 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import conventions
 from slimserve import regular_files
-from slimserve.serving.tools import label_candidates
-from slimserve.serving.tools import label_thumbnails
+from slimserve.flywheel import candidates as candidates_lib
+from slimserve.serving.observability import log_reader as label_candidates
+from slimserve.serving.observability import thumbnails as label_thumbnails
 
 REFERENCE_EXAMPLES = os.path.join(conventions.EXTRA_DIR, "reference", "examples")
 _REFERENCE_NAME = re.compile(r"^(\d{1,6})_(\d{1,6})\.png$")
@@ -44,7 +45,7 @@ class ItemGone(Exception):
 @dataclasses.dataclass
 class Item:
     """A candidate ready to show, and where its original bytes are."""
-    candidate: label_candidates.Candidate
+    candidate: candidates_lib.Candidate
     thumbnail: bytes        # PNG
     size: tuple             # (width, height) of the logged image
     image_format: str       # JPEG, PNG, GIF or BMP
@@ -141,7 +142,7 @@ def _item(candidate, path, offset, raw, scan, thumbnail_size, max_pixels, max_im
     spec = log.log_metadata.model_spec
     if not candidate.top:
         candidate.top = logged.top()
-        candidate.model_name = label_candidates._text(spec.name)  # pylint: disable=protected-access
+        candidate.model_name = label_candidates.text(spec.name)
         candidate.model_version = spec.version.value if spec.HasField("version") else None
         candidate.logged_at = int(log.log_metadata.timestamp_secs)
     return Item(candidate, png, size, image_format, path, offset, len(raw),

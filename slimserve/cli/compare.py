@@ -19,7 +19,7 @@ from slimserve import fields
 from slimserve import outputs
 from slimserve.cli import logs
 from slimserve.serving.tools import compare
-from slimserve.serving.tools import label_candidates
+from slimserve.serving.observability import log_reader as label_candidates
 
 
 @dataclasses.dataclass

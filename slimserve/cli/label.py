@@ -142,7 +142,8 @@ def _bar(config, description, total=None):
 
 def prepare(config):
     """(LabelPage, Store, summary lines) from the config: everything but the socket."""
-    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
+    from slimserve.flywheel import candidates as label_candidates  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.observability import log_reader  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import label_items  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import label_page  # pylint: disable=import-outside-toplevel
     from slimserve.serving.tools import label_store  # pylint: disable=import-outside-toplevel
@@ -158,14 +159,14 @@ def prepare(config):
         classes = model_classes(version_dir)
         origin = os.path.join(version_dir, "assets", conventions.LABELS_ASSET)
     decided = label_store.read_decisions(config.output_dir)
-    scan = label_candidates.Scan()
+    scan = log_reader.Scan()
     if config.candidates:
         candidates, skipped = label_candidates.read_candidates(
             config.candidates, config.max_candidates, exclude=decided)
         scan.skipped.update({"candidates file: %s" % k: v for k, v in skipped.items()})
         source = "%d candidate(s) from %s" % (len(candidates), config.candidates)
     else:
-        label_candidates.log_files(config.logs)  # none match: one line before any progress
+        log_reader.log_files(config.logs)  # none match: one line before any progress
         with _bar(config, "reading request logs") as bar:
             candidates, scan = label_candidates.propose(
                 config.logs, config.max_candidates, exclude=decided,

@@ -273,7 +273,7 @@ def _bar(config, description, total):
 def check(config, serving, candidate, new_data, original_data):
     """The canary check; returns (report dict, [reasons to refuse])."""
     from slimserve.serving.tools import compare  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
+    from slimserve.serving.observability import log_reader as label_candidates  # pylint: disable=import-outside-toplevel
     report, reasons = {}, []
     if config.logs:
         scan = label_candidates.Scan()

@@ -1,36 +1,36 @@
-"""Served traffic read back from request logs and tested for drift, in bounded memory.
+"""The one drift pipeline: a window of logged images -> statistics against the export's
+reference -> a result, in bounded memory. The server's monitor (drift_monitor.py) runs it
+on its own logs; the flywheel's drift report (flywheel/drift.py) runs the same, with an
+`observer` that scores candidates for labelling on the way.
 
-    selection = drift_reader.select(pattern, max_images=limit)     # pass 1: counts only
-    run = drift_reader.DriftRun(reference, options, VersionModel(version_dir), ...)
-    for served in drift_reader.served_images(selection, skip=selection.images - limit):
-        run.add(served)
-    outcome = run.finish()                                          # DriftOutcome
+    selection = drift_pipeline.select(pattern, max_images=limit)     # pass 1: counts only
+    outcome = drift_pipeline.run(selection, reference, options,
+                                 VersionModel(version_dir), max_images=limit)
+    outcome.verdict()      # True, False, or None: a statistic was not computed
 
-Request logs are TF Serving's PredictionLog files (serving/observability/request_log.py),
-read in file-name order (each file's name starts with its opening time) through
-label_candidates' reader: malformed records, other APIs and signatures are skipped and
-counted, a damaged file is counted and the next one read. Only the images one model
-version answered are compared with that version's reference: its confidence and classes
-are in the logged responses; its embeddings are computed by running the version's own
-`embeddings` signature on the logged bytes (VersionModel), in batches.
+Request logs are TF Serving's PredictionLog files (request_log.py), read in file-name
+order (each file's name starts with its opening time) through log_reader.py: malformed
+records, other APIs and signatures are skipped and counted, a damaged file is counted and
+the next one read. Only the images one model version answered are compared with that
+version's reference: its confidence and classes are in the logged responses; its
+embeddings are computed by running the version's own `embeddings` signature on the
+logged bytes (VersionModel), in batches.
 
 Work and memory are bounded whatever the logs' size: pass 1 counts images per model and
 version in the newest files only, until the version has `limit` images; pass 2 reads
 those files and skips all but the newest `limit` images of the version, keeps the
-features of one window (`window_size` images, their bytes dropped once embedded), a
-summary of at most `max_windows` windows, and the best `max_candidates` candidates for
-labelling and `thumbnails` images for the report (label_candidates.Best).
+features of one window (`window_size` images, their bytes dropped once embedded) and a
+summary of at most `max_windows` windows.
 
 Both passes count the images a record actually holds, decoded under the server's bounds
-(label_candidates.logged_images), never the batch size its tensor shape claims: one
-hostile record claiming 2^40 images would otherwise fill the window alone, keep every
-real file unread, and then be skipped as malformed. Pass 1 decodes every record of the
-files it reads, so its Scan (Selection.scan) counts every skipped record and names every
-damaged or foreign file read, including files pass 2 does not read again.
+(log_reader.logged_images), never the batch size its tensor shape claims: one hostile
+record claiming 2^40 images would otherwise fill the window alone, keep every real file
+unread, and then be skipped as malformed. Pass 1 decodes every record of the files it
+reads, so its Scan (Selection.scan) counts every skipped record and names every damaged
+or foreign file read, including files pass 2 does not read again.
 """
 import collections
 import dataclasses
-import hashlib
 import logging
 import os
 
@@ -41,11 +41,9 @@ from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.observability import drift
 from slimserve.serving.observability import image_stats
-from slimserve.serving.tools import label_candidates
-from slimserve.serving.tools import label_thumbnails
+from slimserve.serving.observability import log_reader
 
 BATCH = 32
-THUMBNAIL_SIZE = 96
 
 
 @dataclasses.dataclass
@@ -57,7 +55,8 @@ class Served:
     timestamp: int
     probabilities: np.ndarray
     image: bytes
-    candidate: label_candidates.Candidate = None
+    model_name: str = None
+    model_version: int = None
 
 
 @dataclasses.dataclass
@@ -69,17 +68,10 @@ class Selection:
     files: list = dataclasses.field(default_factory=list)  # [(path, read pattern)]
     images: int = 0
     seen: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    scan: label_candidates.Scan = dataclasses.field(default_factory=label_candidates.Scan)
+    scan: log_reader.Scan = dataclasses.field(default_factory=log_reader.Scan)
 
     def versions_of(self, model):
         return sorted(v for m, v in self.seen if m == model)
-
-
-def _key(log):
-    spec = log.log_metadata.model_spec
-    if not spec.HasField("version"):
-        return None
-    return label_candidates._text(spec.name), int(spec.version.value)  # pylint: disable=protected-access
 
 
 def select(pattern, model_name=None, version=None, max_images=None, progress=None):
@@ -88,16 +80,15 @@ def select(pattern, model_name=None, version=None, max_images=None, progress=Non
     to test has `max_images` images (None: all files). That version is `version` of
     `model_name`, each by default the newest record's."""
     selection = Selection()
-    files = sorted(label_candidates.log_files(pattern),
-                   key=lambda f: os.path.basename(label_candidates.published_name(f[0])))
+    files = sorted(log_reader.log_files(pattern),
+                   key=lambda f: os.path.basename(log_reader.published_name(f[0])))
     for path, read_pattern in reversed(files):
         per_key = collections.Counter()
         newest = None
-        for _, _, log in label_candidates.iter_indexed(read_pattern, selection.scan,
-                                                       progress):
+        for _, _, log in log_reader.iter_indexed(read_pattern, selection.scan, progress):
             count = len(selection.scan.images_of(log))  # decoded, not claimed
             selection.scan.images += count
-            key = _key(log)
+            key = log_reader.model_key(log)
             if key is None or not count or (model_name is not None and key[0] != model_name):
                 continue
             per_key[key] += count
@@ -118,11 +109,12 @@ def select(pattern, model_name=None, version=None, max_images=None, progress=Non
 def served_images(selection, skip=0, scan=None, progress=None):
     """Served of every image of the selected version in the selected files, in order,
     after the first `skip` of them; what is skipped is counted in `scan`."""
-    scan = scan if scan is not None else label_candidates.Scan()
+    scan = scan if scan is not None else log_reader.Scan()
+    target = (selection.model, selection.version)
     seen = 0
     for _, read_pattern in selection.files:
-        for path, index, log in label_candidates.iter_indexed(read_pattern, scan):
-            if _key(log) != (selection.model, selection.version):
+        for path, index, log in log_reader.iter_indexed(read_pattern, scan):
+            if log_reader.model_key(log) != target:
                 scan.skipped["other model or version"] += 1
                 continue
             images = scan.images_of(log)  # as pass 1 counted them: decoded
@@ -138,9 +130,7 @@ def served_images(selection, skip=0, scan=None, progress=None):
                 if progress is not None:
                     progress(1)
                 yield Served(path, index, item, int(log.log_metadata.timestamp_secs),
-                             logged.probabilities, logged.image,
-                             label_candidates.candidate_of(path, index, item, log, logged,
-                                                           [(0.0, "")]))
+                             logged.probabilities, logged.image, *target)
 
 
 class VersionModel:
@@ -214,13 +204,11 @@ class WindowRecord:
 @dataclasses.dataclass
 class DriftOutcome:
     """What a run found: the kept windows (oldest first), how many were evaluated in
-    all, the drift verdict of the newest one and since when it holds, the candidates
-    for labelling and the most atypical images (with PNG thumbnails)."""
+    all and how many images read; the drift verdict of the newest one and since when
+    it holds."""
     windows: list
     evaluated: int
     images: int
-    candidates: list
-    atypical: list  # [(Candidate, PNG bytes)]
 
     @property
     def latest(self):
@@ -230,6 +218,12 @@ class DriftOutcome:
     def drift(self):
         return bool(self.latest and self.latest.result.drift)
 
+    def not_computed(self, statistics=None):
+        """The statistics (default: all of drift.STATISTICS) the newest window lacks."""
+        computed = self.latest.result.statistics if self.latest else {}
+        wanted = drift.STATISTICS if statistics is None else statistics
+        return [name for name in wanted if name not in computed]
+
     def verdict(self, statistics=None):
         """True when a statistic of the newest window drifts; False only when every one
         of `statistics` (default: all of drift.STATISTICS) was computed and none drifts;
@@ -237,9 +231,7 @@ class DriftOutcome:
         embeddings, no decodable image): a statistic not computed is no evidence."""
         if self.drift:
             return True
-        computed = self.latest.result.statistics if self.latest else {}
-        wanted = drift.STATISTICS if statistics is None else statistics
-        return False if all(name in computed for name in wanted) else None
+        return None if self.not_computed(statistics) else False
 
     def since(self):
         """The first window of the newest run of flagged windows (None without drift):
@@ -255,32 +247,24 @@ class DriftOutcome:
 class DriftRun:
     """Consumes Served images in order; tests each window as it completes."""
 
-    def __init__(self, reference, options, model=None, other=None, max_windows=100,
-                 max_candidates=200, thumbnails=24, max_pixels=image_stats.DEFAULT_MAX_PIXELS,
-                 max_bytes=image_stats.DEFAULT_MAX_BYTES, batch=BATCH):
+    def __init__(self, reference, options, model=None, max_windows=100,
+                 max_pixels=image_stats.DEFAULT_MAX_PIXELS,
+                 max_bytes=image_stats.DEFAULT_MAX_BYTES, batch=BATCH, observer=None):
         """reference: the version's Reference (or a drift.Prepared of it); options:
-        drift.DriftOptions; model: its VersionModel (embeddings), other: another
-        version's (disagreement), or None."""
+        drift.DriftOptions; model: its VersionModel (embeddings), or None. observer:
+        called as observer(batch of Served, their embeddings [n, D] or None) before the
+        images' bytes are dropped (the flywheel scores candidates there)."""
         self.prepared = reference if isinstance(reference, drift.Prepared) else \
             drift.Prepared(reference, options)
-        reference = self.prepared.reference
         self.options = options
         self.model = model if model is not None and model.has_embeddings else None
-        self.other = other
         self.max_pixels, self.max_bytes, self.batch = max_pixels, max_bytes, batch
-        self.atypical = None
-        if self.model is not None and reference.embeddings is not None:
-            self.atypical = label_candidates.Atypical(self.prepared.embeddings)
-        self.disagreement = label_candidates.Disagreement(
-            other_version=None if other is None else other.servable.version,
-            class_names=reference.class_names)
+        self.observer = observer
         self._pending = []
         self._window = collections.deque(maxlen=options.window_size)
         self.windows = collections.deque(maxlen=max_windows)
         self.evaluated = 0
         self.images = 0
-        self.best = label_candidates.Best(max_candidates)
-        self.most_atypical = label_candidates.Best(thumbnails)
 
     def add(self, served):
         self._pending.append(served)
@@ -293,44 +277,20 @@ class DriftRun:
             return
         images = [s.image for s in pending]
         embeddings = self.model.embeddings(images) if self.model is not None else None
-        others = self.other.probabilities(images) if self.other is not None else None
+        if self.observer is not None:
+            self.observer(pending, embeddings)
         for row, served in enumerate(pending):
             try:
                 stats = image_stats.statistics(served.image, self.max_pixels, self.max_bytes)
             except image_stats.NotAnImage:
                 stats = np.full(len(image_stats.NAMES), np.nan)
             embedding = embeddings[row] if embeddings is not None else None
-            self._score(served, embedding, None if others is None else others[row])
             served.image = None  # the bytes go; the window keeps features only
             self._window.append((served.timestamp, served.probabilities, stats, embedding))
             self.images += 1
             full = len(self._window) == self.options.window_size
             if full and (self.images - self.options.window_size) % self.options.step == 0:
                 self._evaluate()
-
-    def _score(self, served, embedding, other):
-        scores = [label_candidates.low_confidence(
-            label_candidates.LoggedImage(b"", served.probabilities))]
-        atypical = None
-        if self.atypical is not None and embedding is not None and np.all(
-                np.isfinite(embedding)):
-            atypical = self.atypical.score_embeddings(embedding[None])[0]
-            scores.append(atypical)
-        if other is not None and np.all(np.isfinite(other)):
-            found = self.disagreement.score(served.probabilities, other)
-            if found is not None:
-                scores.append(found)
-        digest = hashlib.sha256(served.image).digest()
-        candidate = dataclasses.replace(served.candidate,
-                                        score=max(s for s, _ in scores),
-                                        reasons=[r for _, r in scores])
-        self.best.offer(candidate, digest)
-        if atypical is not None:
-            image = served.image
-            self.most_atypical.offer(
-                dataclasses.replace(served.candidate, score=atypical[0],
-                                    reasons=[atypical[1]]),
-                digest, payload=lambda _: _thumbnail(image, self.max_pixels, self.max_bytes))
 
     def _evaluate(self):
         rows = list(self._window)
@@ -353,14 +313,16 @@ class DriftRun:
         self._flush()
         if not self.evaluated and len(self._window) >= min_images:
             self._evaluate()
-        atypical = [(c, self.most_atypical.payloads.get(c.request_id))
-                    for c in self.most_atypical.best()]
-        return DriftOutcome(list(self.windows), self.evaluated, self.images,
-                            self.best.best(), [(c, png) for c, png in atypical if png])
+        return DriftOutcome(list(self.windows), self.evaluated, self.images)
 
 
-def _thumbnail(image, max_pixels, max_bytes):
-    try:
-        return label_thumbnails.thumbnail(image, THUMBNAIL_SIZE, max_pixels, max_bytes)[0]
-    except label_thumbnails.NotAnImage:
-        return None
+def run(selection, reference, options, model, max_images=None, scan=None, progress=None,
+        **run_options):
+    """The pipeline: the newest `max_images` (None: all) images of the selected version
+    (select()) through a DriftRun (run_options: its max_windows, max_pixels, max_bytes,
+    batch, observer); what pass 2 skips is counted in `scan`. Returns the DriftOutcome."""
+    drift_run = DriftRun(reference, options, model, **run_options)
+    skip = 0 if max_images is None else max(0, selection.images - max_images)
+    for served in served_images(selection, skip, scan, progress):
+        drift_run.add(served)
+    return drift_run.finish()

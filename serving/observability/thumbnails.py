@@ -7,7 +7,9 @@ is checked against `max_pixels` before a pixel is decoded (decompression bombs:
 slimserve/testing/image_bombs.py); JPEGs are decoded at a reduced scale when that is
 enough (serving/observability/image_stats.py `open_image`, shared with drift detection);
 and the first frame is re-encoded as an RGB PNG of at most `size` pixels a side.
-Anything else is NotAnImage with the reason. Pure Pillow, no TensorFlow.
+Anything else is NotAnImage with the reason. Pure Pillow, no TensorFlow. It lives beside
+image_stats.py because the export's reference (export/reference.py), the drift report and
+the labelling page (flywheel/) all make their thumbnails here.
 """
 import io
 

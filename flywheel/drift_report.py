@@ -1,9 +1,10 @@
 """slimserve-drift's report: the JSON a script reads and one HTML page a person reads.
 
     report = drift_report.build(outcome, context)       # a dict, JSON-safe
-    drift_report.write(output_dir, report, outcome)     # report.html, candidates, report.json
+    drift_report.write(output_dir, report, candidates, atypical)
+                                                # report.html, candidates, report.json
 
-`build` turns a DriftOutcome (serving/tools/drift_reader.py) into the report: `drift`
+`build` turns a DriftOutcome (serving/observability/drift_pipeline.py) into the report: `drift`
 (true; false only when all four statistics were computed and none drifts; null when
 none that was computed drifts but one could not be computed: the run could not tell),
 each statistic of the newest window with its value, calibrated threshold,
@@ -14,9 +15,10 @@ a full disk or a kill leaves the previous file, never half of one): `candidates.
 `report.json` (so a report.json names files that are there).
 
 The page is one self-contained HTML document (inline CSS and SVG, images as data: URIs of
-PNGs re-encoded by label_thumbnails, no script): which statistic moved and how much, the
-p-value of each statistic window by window against its level (since when), the reference's
-class shares beside the traffic's, and the most atypical served images. Every text that
+PNGs re-encoded by serving/observability/thumbnails.py, no script): which statistic moved
+and how much, the p-value of each statistic window by window against its level (since
+when), the reference's class shares beside the traffic's, and the most atypical served
+images. Every text that
 comes from logs or files is HTML-escaped.
 """
 import base64
@@ -28,8 +30,8 @@ import time
 import numpy as np
 
 from slimserve import outputs
+from slimserve.flywheel import candidates as candidates_lib
 from slimserve.serving.observability import drift
-from slimserve.serving.tools import label_candidates
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -61,8 +63,8 @@ def _utc(seconds):
 
 def build(outcome, context):
     """The report dict. context: model_name, model_version, version_dir, logs, options
-    (DriftOptions as a dict), reference (a Reference or None), scan (label_candidates
-    Scan), notes ([str]) and anything else to record as it is."""
+    (DriftOptions as a dict), reference (a Reference or None), scan (a log_reader.Scan),
+    notes ([str]) and anything else to record as it is."""
     reference = context.get("reference")
     latest = outcome.latest if outcome is not None else None
     report = {
@@ -172,9 +174,10 @@ def _svg_pvalues(windows):
     return "".join(parts) + "<div class=\"meta\">p-value (log scale): %s</div>" % legend
 
 
-def render_html(report, outcome=None, class_names=(), shares=None):
-    """The page (see the module docstring). shares: (reference shares, traffic shares)
-    of the predicted classes, for the class table."""
+def render_html(report, atypical=(), class_names=(), shares=None):
+    """The page (see the module docstring). atypical: [(Candidate, PNG bytes)] of the
+    most atypical served images; shares: (reference shares, traffic shares) of the
+    predicted classes, for the class table."""
     esc = lambda value: html.escape(str(value), quote=True)  # noqa: E731
     verdict = VERDICTS[report["drift"]]
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -235,9 +238,9 @@ def render_html(report, outcome=None, class_names=(), shares=None):
                              esc(name), 200 * ref[index], 100 * ref[index], 200 * got[index],
                              100 * got[index]))
         parts.append("</table>")
-    if outcome is not None and outcome.atypical:
+    if atypical:
         parts.append("<h2>Most atypical served images</h2><div class=\"grid\">")
-        for candidate, png in outcome.atypical:
+        for candidate, png in atypical:
             top = candidate.top[0] if candidate.top else None
             parts.append("<div class=\"card\"><img alt=\"served image\" src=\"data:image/png;"
                          "base64,%s\"><div>%s</div><div class=\"meta\">%s</div>"
@@ -273,18 +276,18 @@ def class_shares(reference, outcome):
     return ref / float(max(1, ref.sum())), got / max(1.0, float(got.sum()))
 
 
-def write(output_dir, report, outcome=None, class_names=(), shares=None):
-    """Writes candidates.jsonl (when there are candidates), report.html and report.json
+def write(output_dir, report, candidates=(), atypical=(), class_names=(), shares=None):
+    """Writes candidates.jsonl (when there are `candidates`), report.html and report.json
     into `output_dir`, each whole or not at all; returns their paths."""
     paths = {}
-    if outcome is not None and outcome.candidates:
+    if candidates:
         paths["candidates"] = os.path.join(output_dir, CANDIDATES)
-        label_candidates.write_candidates(paths["candidates"], outcome.candidates)
+        candidates_lib.write_candidates(paths["candidates"], candidates)
         report["candidates_file"] = paths["candidates"]
     paths["html"] = os.path.join(output_dir, REPORT_HTML)
     report["report_html"] = paths["html"]
     with outputs.write_atomically(paths["html"], "--output_dir") as handle:
-        handle.write(render_html(report, outcome, class_names, shares))
+        handle.write(render_html(report, atypical, class_names, shares))
     paths["json"] = os.path.join(output_dir, REPORT_JSON)
     with outputs.write_atomically(paths["json"], "--output_dir") as handle:
         json.dump(report, handle, indent=1, sort_keys=True, default=_json_default)

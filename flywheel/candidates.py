@@ -1,68 +1,94 @@
 """Which logged images are worth a person's minute: candidates for the labelling page.
 
-A candidate is one image of one logged Predict request (TF Serving's `PredictionLog`, as
-serving/observability/request_log.py writes it): the log file, the record's index in it,
-the image's position in the request's batch, and why it was chosen, as a `score` (higher:
-more worth labelling) and `reasons` (short sentences a person reads). `propose` reads the
-logs once, in bounded memory (a heap of `limit` candidates), scoring every image with
-each of its `scorers`: `low_confidence` (1 - the top-1 probability of the logged
-response), `Atypical` (the image's penultimate-layer embedding far from the export's
-reference embeddings: the images least like anything the model saw in training) and
-`Disagreement` (two versions' predictions on the same image differ). Each scores in
-[0, 1], so the highest of them ranks an image. Candidates files merge with `merge`;
-slimserve-drift writes its own (the images of the traffic it evaluated, scored by all
-three) with `write_candidates`, and slimserve-label reads them back with
+    proposal = candidates.run(candidates.CandidatesConfig(logs="/logs/resnet*"))
+    proposal.candidates      # [Candidate], best first; proposal.scan: what was read
+
+A candidate is one image of one logged Predict request (read by
+serving/observability/log_reader.py, the one reader of request logs): the log file, the
+record's index in it, the image's position in the request's batch, and why it was chosen,
+as a `score` (higher: more worth labelling) and `reasons` (short sentences a person
+reads). `propose` reads the logs once, in bounded memory (a heap of `limit` candidates),
+scoring every image with each of its `scorers`: `low_confidence` (1 - the top-1
+probability of the logged response), `Atypical` (the image's penultimate-layer embedding
+far from the export's reference embeddings: the images least like anything the model saw
+in training) and `Disagreement` (two versions' predictions on the same image differ).
+Each scores in [0, 1], so the highest of them ranks an image. Candidates files merge with
+`merge`; the drift report writes its own (the images of the traffic it evaluated, scored
+by all three) with `write_candidates`, and the labelling page reads them back with
 `read_candidates`:
 
     {"log": "logs/resnet-...tfrecord", "index": 12, "item": 0,
      "request_id": "resnet-...-12-0", "score": 0.71, "reasons": ["..."]}
-
-Every logged byte is untrusted: tensors are decoded by serving/core/tensors.py with its
-bounds, a record that is not an image prediction or is malformed is skipped and counted
-(`Scan.skipped`), never fatal; a damaged log file, or one of another program's records
-(not PredictionLog), is counted and named (`Scan.skipped_files`) and the next one read.
-`iter_indexed` is the one reader of request logs for slimserve-label, -drift and
--compare (and slimserve-retrain's check).
 """
 import collections
 import dataclasses
-import fcntl
-import glob
 import hashlib
 import heapq
 import json
-import logging
 import os
-import re
 
 import numpy as np
-import tensorflow as tf
-from google.protobuf import message as protobuf_message
 
 from slimserve import conventions
 from slimserve import errors
+from slimserve import fields
 from slimserve import outputs
-from slimserve.serving.core import tensors
-from slimserve.serving.observability import request_log
+from slimserve.serving.observability import log_reader
 
-TOP_K = 3
-# A logged response's tensors are decoded under these bounds (elements per tensor, and
-# elements filled from fewer values): a record of a few bytes can never claim gigabytes.
-MAX_TENSOR_ELEMENTS = 1 << 22
-MAX_BROADCAST_ELEMENTS = 1 << 12
-MAX_BATCH = 4096  # images in one logged request
-MAX_CLASS_NAME_CHARS = 200  # longer logged names are cut (they are only ever shown)
-MAX_CLASS_ID = 100000
 # A candidates file is JSON lines written by another command: each line and each of its
 # texts is bounded before use.
 MAX_LINE_BYTES = 64 * 1024
 MAX_REASONS = 8
 MAX_REASON_CHARS = 300
-MAX_REQUEST_ID_CHARS = 120
-MAX_NAMED_FILES = 100  # skipped log files named in a Scan (all are counted)
-DAMAGED = "damaged log file(s)"
-FOREIGN = "file(s) not of PredictionLog records"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclasses.dataclass
+class CandidatesConfig:
+    """Where the candidates come from, and how many."""
+    logs: str = fields.option(
+        None, "Glob of request log files (TFRecords of PredictionLog, as the server's "
+        "logging_config writes them). Without --candidates, the images the model was least "
+        "sure of are proposed from them.")
+    candidates: str = fields.option(
+        None, "JSON-lines file naming the images to label ({\"log\", \"index\", \"item\", "
+        "\"score\", \"reasons\"} per line, e.g. written by slimserve-drift); the highest "
+        "scores are offered first. Without it, the lowest-confidence logged predictions.")
+    model_name: str = fields.option(
+        None, "Only requests logged for this model name (default: every logged request).")
+    max_candidates: int = fields.option(
+        200, "Images offered at most in this run (the highest scores).",
+        bound=fields.Bound(1, 100000))
+
+
+@dataclasses.dataclass
+class Proposal:
+    """What run() found: the candidates (best first), what was read (a log_reader.Scan;
+    a candidates file's skipped lines are counted in it as "candidates file: ..."), and
+    one phrase saying where they came from."""
+    candidates: list
+    scan: log_reader.Scan
+    source: str
+
+
+def run(config, exclude=(), progress=None):
+    """The Proposal of `config`: the best `max_candidates` of its candidates file, or, without
+    one, the least confident images of its logs (`model_name`'s only). exclude: request
+    ids already decided. progress(n): called per record read. A UserError naming the
+    flag when neither is given, no log file matches or the file cannot be read."""
+    config = fields.check(config)
+    if config.candidates:
+        found, skipped = read_candidates(config.candidates, config.max_candidates, exclude)
+        scan = log_reader.Scan()
+        scan.skipped.update({"candidates file: %s" % k: v for k, v in skipped.items()})
+        return Proposal(found, scan, "%d candidate(s) from %s" % (len(found),
+                                                                  config.candidates))
+    if not config.logs:
+        raise errors.UserError("give --logs (images proposed from request logs) or "
+                               "--candidates (a file naming them)")
+    found, scan = propose(config.logs, config.max_candidates, exclude=exclude,
+                          model_name=config.model_name, progress=progress)
+    return Proposal(found, scan, "the %d least confident of %s" % (len(found),
+                                                                    scan.describe()))
 
 
 @dataclasses.dataclass
@@ -71,7 +97,7 @@ class Candidate:
     log: str                 # the log file it was read from
     index: int               # the record's index in that file (0-based)
     item: int = 0            # the image's position in the request's batch
-    request_id: str = ""     # request_id(log, index, item): file names and state use it
+    request_id: str = ""     # log_reader.request_id(log, index, item): file names use it
     score: float = 0.0       # higher is more worth a person's minute
     reasons: list = dataclasses.field(default_factory=list)
     model_name: str = ""     # the logged ModelSpec that answered
@@ -86,233 +112,6 @@ class Candidate:
                 "model_version": self.model_version, "logged_at": self.logged_at,
                 "top": [[int(c), float(p)] for c, p in self.top]}
 
-
-@dataclasses.dataclass
-class LoggedImage:
-    """One image of a logged Predict request with the response's view of it."""
-    image: bytes
-    probabilities: np.ndarray  # float [C]
-    class_id: int = None       # the response's `classes` for this image
-    class_name: str = None     # the response's `class_names` for this image
-
-    def top(self, k=TOP_K):
-        order = np.argsort(-self.probabilities, kind="stable")[:k]
-        return [(int(c), float(self.probabilities[c])) for c in order]
-
-
-class Malformed(Exception):
-    """A logged record that cannot be read as an image prediction; the message says why."""
-
-
-@dataclasses.dataclass
-class Scan:
-    """What propose (or a fetch) read: counts, and the class names the responses gave."""
-    records: int = 0
-    images: int = 0
-    files: int = 0
-    skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    class_names: dict = dataclasses.field(default_factory=dict)  # id -> Counter(name)
-    skipped_files: dict = dataclasses.field(default_factory=dict)  # path -> (kind, why)
-
-    def skip_file(self, path, kind, why):
-        """A log file (or its rest) not read: counted under `kind` once per file, named
-        with `why` (the first MAX_NAMED_FILES; all are counted)."""
-        if path in self.skipped_files:
-            return
-        self.skipped[kind] += 1
-        if len(self.skipped_files) < MAX_NAMED_FILES:
-            self.skipped_files[path] = (kind, why)
-        logging.warning("request log %s: %s", path, why)
-
-    def add_files(self, other):
-        """Counts and names `other`'s skipped files that this scan has not (a second pass
-        over the same files counts each once)."""
-        for path, (kind, why) in other.skipped_files.items():
-            self.skip_file(path, kind, why)
-
-    def files_json(self):
-        """[{"log", "kind", "reason"}] of the named skipped files, for a JSON report."""
-        return [{"log": path, "kind": kind, "reason": why}
-                for path, (kind, why) in self.skipped_files.items()]
-
-    def note_class(self, logged):
-        if logged.class_id is None or not logged.class_name or not \
-                0 <= logged.class_id <= MAX_CLASS_ID:
-            return
-        names = self.class_names.setdefault(logged.class_id, collections.Counter())
-        if logged.class_name in names or len(names) < 8:  # bounded per id
-            names[logged.class_name] += 1
-
-    def images_of(self, log):
-        """logged_images(log), or () for a record that holds no image prediction, counted
-        as skipped with the reason: every reader of the logs skips the same records."""
-        try:
-            images = logged_images(log)
-        except Malformed as why:
-            self.skipped["malformed record (%s)" % why] += 1
-            return ()
-        if images is None:
-            self.skipped["not an image prediction"] += 1
-            return ()
-        return images
-
-    def logged_classes(self):
-        """Class names indexed by id as the responses named them (the most frequent name
-        per id), or [] when the ids seen are not 0..N-1."""
-        if not self.class_names or sorted(self.class_names) != list(
-                range(len(self.class_names))):
-            return []
-        return [self.class_names[i].most_common(1)[0][0] for i in range(len(self.class_names))]
-
-    def describe(self):
-        parts = ["%d record(s) in %d file(s), %d image(s)" % (self.records, self.files,
-                                                              self.images)]
-        parts += ["%d %s" % (count, why) for why, count in sorted(self.skipped.items())]
-        parts += ["%s: %s" % (path, why) for path, (_, why) in
-                  list(self.skipped_files.items())[:3]]
-        return "; ".join(parts)
-
-
-def published_name(path):
-    """The name a request log file has once published: an abandoned temporary
-    `.<name>.tmp` (a writer that died) is published later as `<name>`."""
-    directory, name = os.path.split(path)
-    if name.startswith(".") and name.endswith(request_log.TEMP_SUFFIX):
-        return os.path.join(directory, name[1:-len(request_log.TEMP_SUFFIX)])
-    return path
-
-
-def request_id(log, index, item=0):
-    """A stable id for one logged image, safe as a file name: the log file's published
-    name without its suffix (only letters, digits, `._-`), the record index and the
-    image's position in the batch. The same image gets the same id before and after its
-    file is published, on any machine the logs are copied to."""
-    stem = os.path.basename(published_name(log))
-    if stem.endswith(request_log.SUFFIX):
-        stem = stem[:-len(request_log.SUFFIX)]
-    stem = _UNSAFE.sub("_", stem).lstrip(".") or "log"
-    if len(stem) > MAX_REQUEST_ID_CHARS - 40:
-        digest = hashlib.sha256(stem.encode("utf-8", "replace")).hexdigest()[:12]
-        stem = stem[:MAX_REQUEST_ID_CHARS - 54] + "_" + digest
-    return "%s-%d-%d" % (stem, index, item)
-
-
-def _text(value):
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    return str(value)[:MAX_CLASS_NAME_CHARS]
-
-
-def logged_images(log):
-    """[LoggedImage] of a PredictionLog of the image signature (`serving_default`, input
-    `image_bytes`, output `probabilities`); None for a record of another API or signature;
-    Malformed for a record that claims to be one but cannot be read."""
-    if log.WhichOneof("log_type") != "predict_log":
-        return None
-    request, response = log.predict_log.request, log.predict_log.response
-    if request.model_spec.signature_name not in ("", conventions.DEFAULT_SIGNATURE):
-        return None
-    if conventions.IMAGE_BYTES not in request.inputs:
-        return None
-    if conventions.PROBABILITIES not in response.outputs:
-        raise Malformed("response without %s" % conventions.PROBABILITIES)
-
-    def decode(key, proto):
-        try:
-            return tensors.from_proto(key, proto, MAX_TENSOR_ELEMENTS, MAX_BROADCAST_ELEMENTS)
-        except Exception as error:  # pylint: disable=broad-except  (any damage: skipped)
-            raise Malformed("unreadable %s tensor (%s)" % (key, type(error).__name__)) \
-                from None
-
-    images = decode(conventions.IMAGE_BYTES, request.inputs[conventions.IMAGE_BYTES])
-    if images.dtype != object or images.ndim != 1 or not 0 < len(images) <= MAX_BATCH:
-        raise Malformed("image_bytes is not a batch of 1..%d strings" % MAX_BATCH)
-    probabilities = decode(conventions.PROBABILITIES,
-                           response.outputs[conventions.PROBABILITIES])
-    if probabilities.ndim != 2 or probabilities.shape[0] != len(images) or \
-            probabilities.shape[1] < 1 or probabilities.dtype == object:
-        raise Malformed("probabilities are not [batch, classes] numbers")
-    probabilities = probabilities.astype(np.float64)
-    if not np.all(np.isfinite(probabilities)):
-        raise Malformed("probabilities are not finite")
-    ids = names = None
-    if conventions.CLASSES in response.outputs:
-        ids = decode(conventions.CLASSES, response.outputs[conventions.CLASSES])
-        if ids.shape != (len(images),) or ids.dtype.kind not in "iu":
-            ids = None
-    if conventions.CLASS_NAMES in response.outputs:
-        names = decode(conventions.CLASS_NAMES, response.outputs[conventions.CLASS_NAMES])
-        if names.shape != (len(images),) or names.dtype != object:
-            names = None
-    return [LoggedImage(bytes(images[i]), probabilities[i],
-                        int(ids[i]) if ids is not None else None,
-                        _text(names[i]) if names is not None else None)
-            for i in range(len(images))]
-
-
-def log_files(pattern):
-    """[(path to read, pattern that reads it with iter_logs)] of the request log files
-    `pattern` matches: published files, then temporaries whose writer died (read by
-    iter_logs under their published name's pattern). A UserError when none match."""
-    files = [(f, glob.escape(f)) for f in sorted(tf.io.gfile.glob(pattern))
-             if not os.path.basename(f).startswith(".")]
-    if "://" not in pattern:
-        directory, name = os.path.split(pattern)
-        for temp in sorted(glob.glob(os.path.join(directory, "." + name +
-                                                  request_log.TEMP_SUFFIX))):
-            final = published_name(temp)
-            if _abandoned(temp) and not any(final == f for f, _ in files):
-                files.append((temp, glob.escape(final)))
-    if not files:
-        raise errors.UserError("--logs %s: no request log files match" % pattern)
-    return files
-
-
-def _abandoned(temp):
-    """Whether a request log temporary's writer is gone (it holds an exclusive flock while
-    it lives; request_log.py): a live writer's file is read once it is published."""
-    try:
-        fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def iter_indexed(pattern, scan, progress=None):
-    """(file, record index, PredictionLog) of every readable record `pattern` matches, one
-    file at a time through request_log.iter_logs. A damaged file (its complete records
-    before the damage are kept) and a file of another program's records (a record that
-    does not parse as a PredictionLog, or a file none of whose records holds a request)
-    are counted and named in `scan` (Scan.skip_file), and the next file is read."""
-    for path, file_pattern in log_files(pattern):
-        scan.files += 1
-        read = requests = 0
-        try:
-            for index, log in enumerate(request_log.iter_logs(file_pattern)):
-                read += 1
-                scan.records += 1
-                requests += log.WhichOneof("log_type") is not None
-                if progress is not None:
-                    progress(1)
-                yield path, index, log
-        except protobuf_message.DecodeError:
-            scan.skip_file(path, FOREIGN, "not a request log: record %d is not a "
-                           "PredictionLog (another program's TFRecords?); the file is "
-                           "skipped from there" % read)
-            continue
-        except (ValueError, tf.errors.OpError, OSError) as error:
-            scan.skip_file(path, DAMAGED, "%s; its later records are skipped"
-                           % getattr(error, "message", error))
-            continue
-        if read and not requests:
-            scan.skip_file(path, FOREIGN, "not a request log: none of its %d record(s) "
-                           "holds a request (another program's TFRecords?)" % read)
 
 
 def low_confidence(logged):
@@ -474,10 +273,10 @@ def propose(pattern, limit, scorers=(low_confidence,), exclude=(), model_name=No
     decided (a resumed labelling session proposes the next ones). model_name: only that
     model's requests. An image whose bytes another kept candidate already has is kept
     once. Memory: the heap of `limit` candidates, whatever the logs' size."""
-    scan = Scan()
+    scan = log_reader.Scan()
     exclude = set(exclude)
     best = Best(limit)
-    for path, index, log in iter_indexed(pattern, scan, progress):
+    for path, index, log in log_reader.iter_indexed(pattern, scan, progress):
         spec = log.log_metadata.model_spec
         if model_name is not None and spec.name != model_name:
             scan.skipped["other model"] += 1
@@ -485,7 +284,7 @@ def propose(pattern, limit, scorers=(low_confidence,), exclude=(), model_name=No
         for item, logged in enumerate(scan.images_of(log)):
             scan.images += 1
             scan.note_class(logged)
-            rid = request_id(path, index, item)
+            rid = log_reader.request_id(path, index, item)
             if rid in exclude:
                 scan.skipped["decided before"] += 1
                 continue
@@ -506,9 +305,10 @@ def candidate_of(path, index, item, log, logged, scores):
     """The Candidate of image `item` of record `index` of log file `path`, scored by
     `scores` [(score, reason)] (its score the highest)."""
     spec = log.log_metadata.model_spec
-    return Candidate(path, index, item, request_id(path, index, item),
+    return Candidate(path, index, item, log_reader.request_id(path, index, item),
                      max(score for score, _ in scores), [reason for _, reason in scores],
-                     _text(spec.name), spec.version.value if spec.HasField("version") else None,
+                     log_reader.text(spec.name),
+                     spec.version.value if spec.HasField("version") else None,
                      int(log.log_metadata.timestamp_secs), logged.top())
 
 
@@ -555,8 +355,8 @@ def _candidate_from_json(data, base_dir):
     if not os.path.isabs(log) and "://" not in log:
         log = os.path.join(base_dir, log)
     # The id is ours, never the file's: it names files in the output folder.
-    return Candidate(log, index, item, request_id(log, index, item), float(score),
-                     [_text(r)[:MAX_REASON_CHARS] for r in reasons[:MAX_REASONS]])
+    return Candidate(log, index, item, log_reader.request_id(log, index, item), float(score),
+                     [log_reader.text(r)[:MAX_REASON_CHARS] for r in reasons[:MAX_REASONS]])
 
 
 def read_candidates(path, limit, exclude=()):
