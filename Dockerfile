@@ -23,8 +23,9 @@ RUN useradd --create-home --uid 1000 slimserve
 # pins change, not on every source edit.
 WORKDIR /opt/slimserve
 COPY setup.py ./
-RUN mkdir -p slimserve estimator export serving \
-    && touch slimserve/__init__.py estimator/__init__.py export/__init__.py serving/__init__.py
+RUN mkdir -p slimserve estimator export serving flywheel \
+    && touch slimserve/__init__.py estimator/__init__.py export/__init__.py serving/__init__.py \
+        flywheel/__init__.py
 
 FROM base AS serving-deps
 RUN pip install . && pip uninstall -y slimserve
@@ -35,12 +36,13 @@ RUN pip install ".[beam]" && pip uninstall -y slimserve
 FROM base AS gpu-deps
 RUN pip install "tensorflow[and-cuda]>=2.15,<2.16" . && pip uninstall -y slimserve
 
-# The source tree, once for every target: the four packages and the flagfile recipes.
+# The source tree, once for every target: the five packages and the flagfile recipes.
 FROM base AS source
 COPY slimserve/ slimserve/
 COPY estimator/ estimator/
 COPY export/ export/
 COPY serving/ serving/
+COPY flywheel/ flywheel/
 COPY configs/ configs/
 
 FROM serving-deps AS serving

@@ -35,7 +35,7 @@ TEST_WORKERS ?= 3
 TEST_INTRAOP_THREADS ?= 1
 test: $(STAMP)
 	@bash scripts/test_tools.sh
-	$(PY) -m compileall -q slimserve estimator export serving tests > /dev/null
+	$(PY) -m compileall -q slimserve estimator export serving flywheel tests > /dev/null
 	TF_NUM_INTRAOP_THREADS=$(TEST_INTRAOP_THREADS) $(PY) -m pytest -n $(TEST_WORKERS)
 
 bench: bench-input bench-train bench-serve bench-bulk bench-warmup bench-pauses

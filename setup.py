@@ -8,10 +8,10 @@ if not ((3, 9) <= sys.version_info[:2] <= (3, 11)):
 
 from setuptools import find_packages, setup  # noqa: E402  pylint: disable=g-import-not-at-top
 
-# The repository keeps the three libraries as top-level folders (the project's agreed
+# The repository keeps the four libraries as top-level folders (the project's agreed
 # layout); installed, they live under the one import name `slimserve`, so a pip install
 # adds exactly one top-level name to site-packages, in editable and normal installs alike.
-LIBRARIES = ("estimator", "export", "serving")
+LIBRARIES = ("estimator", "export", "serving", "flywheel")
 PACKAGE_DIR = {"slimserve": "slimserve"}
 PACKAGES = ["slimserve"] + ["slimserve." + p for p in find_packages("slimserve")]
 for _library in LIBRARIES:

@@ -15,7 +15,7 @@ from slimserve import errors
 from slimserve.cli import retrain
 from slimserve.estimator import dataset
 from slimserve.estimator import inputs
-from slimserve.estimator import merge
+from slimserve.flywheel import merge
 from slimserve.estimator import model
 from slimserve.estimator import schema
 from slimserve.estimator import splits

@@ -18,7 +18,7 @@ from slimserve.export import warmup
 from slimserve.serving.config import messages
 from slimserve.serving.core import batching
 from slimserve.serving.tools import client as client_lib
-from slimserve.serving.tools import compare
+from slimserve.flywheel import compare
 from slimserve.serving.config import model_config
 from slimserve.serving.core import version_policy
 from slimserve.serving.observability import metrics as metrics_lib

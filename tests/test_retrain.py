@@ -18,7 +18,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve import errors
 from slimserve.estimator import dataset
-from slimserve.estimator import merge
+from slimserve.flywheel import merge
 from slimserve.estimator import run_lock
 from slimserve.estimator import schema
 from slimserve.estimator import splits

@@ -32,7 +32,7 @@ from slimserve.serving.config import model_config
 from slimserve.serving.observability import metrics
 from slimserve.serving.tools import batching_tuner
 from slimserve.serving.tools import client as client_lib
-from slimserve.serving.tools import compare
+from slimserve.serving.tools import image_classifier
 from slimserve.serving.tools import loadtest
 from slimserve.serving.tools import outputs
 from slimserve.serving.tools import server_process
@@ -122,7 +122,7 @@ def predict_classes(client, inputs, signature_name, concurrency):
     def one(value):
         try:
             outputs = client.predict({client.input_key: [value]}, signature_name)
-            classes, scores = compare.decision(outputs)  # the canary's class decision
+            classes, scores = image_classifier.decision(outputs)  # as the canary decides
             return classes[0], None if scores is None else np.asarray(scores[0], np.float64)
         except (grpc.RpcError, ValueError, Stopping) as error:
             failures.append(error.details() if isinstance(error, grpc.RpcError) else str(error))
