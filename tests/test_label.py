@@ -1,6 +1,6 @@
 """slimserve-label in process: choosing the images (serving/tools/label_candidates.py),
-thumbnails of hostile bytes, the output tree and its provenance (label_store.py), and the
-page as a WSGI app called without a socket (label_page.py): labelling, none of these,
+thumbnails of hostile bytes, the output tree and its provenance (labelling/store.py), and the
+page as a WSGI app called without a socket (labelling/page.py): labelling, none of these,
 skipping, resuming, two labellers at once, path escapes, escaping, bounded bodies. The
 logs are written by the server's own RequestLogger (tests/label_logs.py). The page in a
 real browser: tests/test_label_browser.py."""
@@ -22,13 +22,13 @@ from PIL import Image
 
 from slimserve import errors
 from slimserve import fields
-from slimserve.cli import label as label_cli
 from slimserve.estimator import dataset
+from slimserve.flywheel.labelling import items as label_items
+from slimserve.flywheel.labelling import page as label_page
+from slimserve.flywheel.labelling import session as label_session
+from slimserve.flywheel.labelling import store as label_store
 from slimserve.serving.observability import request_log
 from slimserve.serving.tools import label_candidates
-from slimserve.serving.tools import label_items
-from slimserve.serving.tools import label_page
-from slimserve.serving.tools import label_store
 from slimserve.serving.tools import label_thumbnails
 from slimserve.testing import image_bombs
 from slimserve.testing.commands import help_text, run_command
@@ -93,7 +93,7 @@ def decide(browser, html, rid, choice):
 
 def config(**values):
     values.setdefault("progress", False)
-    return fields.check(label_cli.LabelConfig(**values))
+    return fields.check(label_session.LabelConfig(**values))
 
 
 def provenance(output_dir):
@@ -204,7 +204,7 @@ def test_a_candidates_file_drives_the_page(served_logs, digits_model, tmp_path):
     label_candidates.write_candidates(path, chosen + [
         label_candidates.Candidate(str(tmp_path / "gone.tfrecord"), 0, score=2.0),
         label_candidates.Candidate(chosen[0].log, 999, score=3.0)])
-    page, _, notes = label_cli.prepare(config(candidates=path, model_base_path=base,
+    page, _, notes = label_session.prepare(config(candidates=path, model_base_path=base,
                                               output_dir=str(tmp_path / "out")))
     assert list(page.items) == [c.request_id for c in chosen]
     for candidate in chosen:  # model, time and top-3 come from the logged record
@@ -218,7 +218,7 @@ def test_a_candidates_file_drives_the_page(served_logs, digits_model, tmp_path):
 @pytest.mark.parametrize("name", ["../evil", "a/b", ".hidden", "  ", "x\ny", ".."])
 def test_class_names_that_could_leave_the_output_folder_are_refused(name, tmp_path):
     with pytest.raises(errors.UserError):
-        label_cli.check_classes(["ok", name], "--classes")
+        label_session.check_classes(["ok", name], "--classes")
     with pytest.raises(errors.UserError):
         label_store.Store(str(tmp_path / "out"), ["ok", name])
 
@@ -263,7 +263,7 @@ def labelling(served_logs, digits_model, tmp_path):
     """(page, output folder) of a fresh labelling run on the served logs."""
     base, _ = digits_model
     out = str(tmp_path / "labels")
-    page, _, _ = label_cli.prepare(config(logs=served_logs, model_base_path=base,
+    page, _, _ = label_session.prepare(config(logs=served_logs, model_base_path=base,
                                           output_dir=out, grid_size=3))
     return page, out
 
@@ -327,7 +327,7 @@ def test_resume_offers_what_is_left_and_counts_what_was_done(labelling, served_l
         assert decide(browser, browser.page(), rid, choice)[0] == 303
     held = cards(browser.page())  # the first session's images, still claimed
     base, _ = digits_model
-    again, _, notes = label_cli.prepare(config(logs=served_logs, model_base_path=base,
+    again, _, notes = label_session.prepare(config(logs=served_logs, model_base_path=base,
                                                output_dir=out, grid_size=3))
     assert not set(first[:2]) & set(again.items)
     assert len(again.items) == 28 and any("Resumed: 2 decision(s)" in n for n in notes)
@@ -342,7 +342,7 @@ def test_two_labellers_never_lose_or_double_a_label(labelling, served_logs, digi
     page, out = labelling
     base, _ = digits_model
     # A second page process on the same folder (its own Store, its own lock file handle).
-    other, _, _ = label_cli.prepare(config(logs=served_logs, model_base_path=base,
+    other, _, _ = label_session.prepare(config(logs=served_logs, model_base_path=base,
                                            output_dir=out, grid_size=3))
     alice, bob, carol = Browser(page), Browser(page), Browser(other)
     pages = [alice.page(), bob.page(), carol.page()]
@@ -409,7 +409,7 @@ def test_crash_leftovers_are_repaired_and_disk_errors_leave_nothing(labelling, t
     # A write the disk refuses (RLIMIT_FSIZE: a real EFBIG) leaves no file and no line.
     script = r"""
 import os, resource, signal, sys
-from slimserve.serving.tools import label_store
+from slimserve.flywheel.labelling import store as label_store
 out, limit = sys.argv[1], int(sys.argv[2])
 store = label_store.Store(out, [str(d) for d in range(10)])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -435,7 +435,7 @@ def test_hostile_logs_are_escaped_counted_and_never_served_raw(served_logs, digi
     base, held_out = digits_model
     good = next(open(p, "rb").read() for p, _ in held_out if p.endswith(".jpg"))
     pattern = write_hostile_logs(str(tmp_path / "hostile"), good)
-    page, _, notes = label_cli.prepare(config(logs=pattern, model_base_path=base,
+    page, _, notes = label_session.prepare(config(logs=pattern, model_base_path=base,
                                               output_dir=str(tmp_path / "out")))
     assert len(page.items) == 1  # the good image; the bomb and the HTML are not shown
     text = " ".join(notes)
@@ -462,7 +462,7 @@ def test_hostile_logs_are_escaped_counted_and_never_served_raw(served_logs, digi
     assert HOSTILE_CLASS not in html and page.classes == CLASSES
     # Classes from the logged responses alone: a name that cannot be a folder is refused.
     with pytest.raises(errors.UserError, match="class name"):
-        label_cli.prepare(config(logs=pattern, output_dir=str(tmp_path / "out2")))
+        label_session.prepare(config(logs=pattern, output_dir=str(tmp_path / "out2")))
     assert decide(browser, html, rid, "label:2")[0] == 303
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from slimserve.serving.tools import label_store
+from slimserve.flywheel.labelling import store as label_store
 from slimserve.serving.tools import server_process
 from slimserve.testing.servers import MEMORY_CAP
 from tests.helpers import ROOT, require_tool

@@ -26,7 +26,7 @@ from slimserve.export import versions
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
 from slimserve.serving import server as server_lib
-from slimserve.serving.tools import label_store
+from slimserve.flywheel.labelling import store as label_store
 from slimserve.cli import retrain
 from slimserve.testing import digits_traffic
 from slimserve.testing.commands import run_command

@@ -1,28 +1,33 @@
-r"""slimserve-label: a local web page to label the served images most worth labelling.
+"""One labelling session (slimserve-label): the logged images most worth labelling, read
+from the request logs (or a --candidates file such as slimserve-drift's), offered on a
+local page until it is stopped.
 
-    slimserve-label --logs='/logs/resnet*' --model_base_path=/models/resnet \
-        --output_dir=new_labels/
-    # open http://127.0.0.1:8502/ ; then: slimserve-convert --input=new_labels/ ...
+    outcome = session.run(LabelConfig(logs="/logs/resnet*", output_dir="new_labels/",
+                                      model_base_path="/models/resnet"))
 
-Reads the request logs (TF Serving's PredictionLog files the server writes), proposes
-the --max_candidates images the model was least sure of (or those a --candidates file
-names, e.g. slimserve-drift's most atypical ones), and serves a page showing each with
-the model's top-3 and examples of the classes. Labels are written to --output_dir as
-`<class>/<request id>.<ext>` (the logged image byte for byte) with provenance.jsonl, one
-line per decision. Run it again on the same --output_dir to continue; several people may
-label at once (browsers on one page, or pages on one folder).
+`prepare` builds everything but the socket (the page, the store, the lines saying what is
+offered and from where): the tests drive its page as a WSGI app. `run` serves it with
+waitress on --host:--port (loopback by default: the page has no login) until Ctrl-C, and
+returns the decisions' counts. Labels go to --output_dir as `<class>/<request id>.<ext>`
+(the logged image byte for byte) with provenance.jsonl (store.py); the same folder again
+resumes, and several pages or browsers may label it at once.
 """
 import dataclasses
 import getpass
 import logging
 import os
-import signal
 import sys
 
 from slimserve import conventions
 from slimserve import errors
 from slimserve import fields
-from slimserve.cli import logs
+from slimserve.estimator import dataset
+from slimserve.flywheel.labelling import items as items_lib
+from slimserve.flywheel.labelling import page as page_lib
+from slimserve.flywheel.labelling import store as store_lib
+from slimserve.serving.core import version_dirs
+from slimserve.serving.tools import image_classifier
+from slimserve.serving.tools import label_candidates
 
 DEFAULT_PORT = 8502
 
@@ -89,12 +94,8 @@ class LabelConfig:
     progress: bool = fields.option(True, "Show progress bars while reading the logs.")
 
 
-CONFIG = LabelConfig
-
-
 def newest_version(base_path):
     """The newest integer version directory of a model base path; UserError if none."""
-    from slimserve.serving.core import version_dirs  # pylint: disable=import-outside-toplevel
     versions = version_dirs.list_version_dirs(base_path)
     if not versions:
         raise errors.UserError("--model_base_path %s has no integer version holding "
@@ -102,25 +103,9 @@ def newest_version(base_path):
     return versions[max(versions)]
 
 
-def model_classes(version_dir):
-    """Class names from a version's assets/labels.txt, or None when it has none."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    path = os.path.join(version_dir, "assets", conventions.LABELS_ASSET)
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path, "r") as handle:
-        lines = handle.read(1 << 24).splitlines()
-    try:
-        return conventions.parse_labels(lines, path)
-    except ValueError as error:
-        raise errors.UserError(str(error)) from None
-
-
 def check_classes(classes, origin):
     """The converter's rules (estimator/dataset.py) and the output tree's: every class
     name must come back from its folder as the same class."""
-    from slimserve.estimator import dataset  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import label_store  # pylint: disable=import-outside-toplevel
     if len(set(classes)) != len(classes):
         raise errors.UserError("class names from %s repeat a name" % origin)
     for name in classes:
@@ -129,7 +114,7 @@ def check_classes(classes, origin):
         except dataset.DatasetError as error:
             raise errors.UserError(str(error)) from None
         try:
-            label_store.check_folder_name(name)
+            store_lib.check_folder_name(name)
         except errors.UserError as error:
             raise errors.UserError("%s (from %s)" % (error, origin)) from None
 
@@ -142,10 +127,6 @@ def _bar(config, description, total=None):
 
 def prepare(config):
     """(LabelPage, Store, summary lines) from the config: everything but the socket."""
-    from slimserve.serving.tools import label_candidates  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import label_items  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import label_page  # pylint: disable=import-outside-toplevel
-    from slimserve.serving.tools import label_store  # pylint: disable=import-outside-toplevel
     if not config.logs and not config.candidates:
         raise errors.UserError("give --logs (images proposed from request logs) or "
                                "--candidates (a file naming them)")
@@ -155,9 +136,9 @@ def prepare(config):
     if config.classes:
         classes, origin = list(config.classes), "--classes"
     elif version_dir:
-        classes = model_classes(version_dir)
+        classes = image_classifier.read_model_labels(version_dir) or None
         origin = os.path.join(version_dir, "assets", conventions.LABELS_ASSET)
-    decided = label_store.read_decisions(config.output_dir)
+    decided = store_lib.read_decisions(config.output_dir)
     scan = label_candidates.Scan()
     if config.candidates:
         candidates, skipped = label_candidates.read_candidates(
@@ -172,21 +153,21 @@ def prepare(config):
                 model_name=config.model_name, progress=bar.update)
         source = "the %d least confident of %s" % (len(candidates), scan.describe())
     with _bar(config, "decoding candidates", len(candidates)) as bar:
-        items = label_items.load_items(candidates, scan, config.thumbnail_size,
-                                       config.max_image_pixels, config.max_image_bytes,
-                                       progress=bar.update)
+        items = items_lib.load_items(candidates, scan, config.thumbnail_size,
+                                     config.max_image_pixels, config.max_image_bytes,
+                                     progress=bar.update)
     if classes is None:
         classes, origin = scan.logged_classes(), "the class names of the logged responses"
         if not classes:
             raise errors.UserError("no class names: give --model_base_path (its labels.txt) "
                                    "or --classes; the logged responses name no classes 0..N-1")
     check_classes(classes, origin)
-    store = label_store.Store(config.output_dir, classes)
+    store = store_lib.Store(config.output_dir, classes)
     removed = store.clean_orphans({item.request_id for item in items})
     if removed:
         logging.warning("removed %d uncommitted file(s) an interrupted run left in %s",
                         removed, config.output_dir)
-    examples, example_source, example_skips = label_items.load_examples(
+    examples, example_source, example_skips = items_lib.load_examples(
         classes, version_dir, config.examples_dir, config.examples_per_class,
         max(32, config.thumbnail_size // 4), config.max_image_pixels, config.max_image_bytes)
     notes = ["Offered: %s." % source,
@@ -200,11 +181,10 @@ def prepare(config):
             "%d %s" % (count, why) for why, count in sorted(skipped.items())))
     if decided:
         notes.append("Resumed: %d decision(s) already in %s." % (
-            len(decided), os.path.join(config.output_dir, label_store.PROVENANCE_FILE)))
-    page = label_page.LabelPage(items, classes, store, examples, labeller,
-                                grid_size=config.grid_size,
-                                claim_seconds=config.claim_seconds, view=config.view,
-                                notes=notes)
+            len(decided), os.path.join(config.output_dir, store_lib.PROVENANCE_FILE)))
+    page = page_lib.LabelPage(items, classes, store, examples, labeller,
+                              grid_size=config.grid_size, claim_seconds=config.claim_seconds,
+                              view=config.view, notes=notes)
     return page, store, notes
 
 
@@ -215,23 +195,49 @@ def _os_user():
         return "unknown"
 
 
-def _stop(signum, frame):
-    del signum, frame
-    raise KeyboardInterrupt
+@dataclasses.dataclass
+class Outcome:
+    """What a session did: `notes` (what was offered, from where, what was not), the
+    number of images `offered`, and the decisions in the output folder when it stopped
+    ({label, none, skip: count}; None when nothing was offered, so no page was served)."""
+    notes: list
+    offered: int
+    counts: dict = None
 
 
-def main(config, args):
-    if args:
-        raise errors.UserError("unexpected arguments: %s" % " ".join(args))
+def run(config, ready=None):
+    """Prepares the page and serves it until Ctrl-C (a KeyboardInterrupt: the command turns
+    SIGTERM into one); nothing is served when nothing is left to label. ready(url,
+    offered): called once the page listens, before it serves. A port that cannot be
+    bound is a UserError naming the address."""
     page, store, notes = prepare(config)
     for note in notes:
         logging.info("%s", note)
     if not page.items:
-        print("slimserve-label: nothing to label (%s)" % notes[0].rstrip("."), flush=True)
-        return 0
+        return Outcome(notes, 0)
+    server = _listen(page, config)
+    try:
+        port = int(server.effective_port)
+        page.allowed_hosts = page_lib.allowed_hosts(config.host, port)
+        if page.allowed_hosts is None:
+            logging.warning("the labelling page listens on %s: anyone who reaches it can "
+                            "label (it has no login)", config.host)
+        host = "[%s]" % config.host if ":" in config.host else config.host
+        if ready:
+            ready("http://%s:%d/" % (host, port), len(page.items))
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return Outcome(notes, len(page.items), store.counts())
+
+
+def _listen(page, config):
+    """The waitress server of the page, bound (bounded bodies, headers, connections)."""
     import waitress  # pylint: disable=import-outside-toplevel
     try:
-        server = waitress.create_server(
+        return waitress.create_server(
             page, host=config.host, port=config.port, threads=config.threads,
             max_request_body_size=64 * 1024, max_request_header_size=64 * 1024,
             connection_limit=64, channel_timeout=60, ident="slimserve-label",
@@ -239,31 +245,3 @@ def main(config, args):
     except OSError as error:
         raise errors.UserError("cannot listen on %s:%d: %s" % (
             config.host, config.port, error.strerror or error)) from None
-    port = int(server.effective_port)
-    from slimserve.serving.tools import label_page  # pylint: disable=import-outside-toplevel
-    page.allowed_hosts = label_page.allowed_hosts(config.host, port)
-    if page.allowed_hosts is None:
-        logging.warning("the labelling page listens on %s: anyone who reaches it can label "
-                        "(it has no login)", config.host)
-    host = "[%s]" % config.host if ":" in config.host else config.host
-    print("slimserve-label: %d image(s) to label at http://%s:%d/ (Ctrl-C stops; run "
-          "again to resume)" % (len(page.items), host, port), flush=True)
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-    counts = store.counts()
-    print("slimserve-label: %d labelled, %d none of these, %d skipped in %s" % (
-        counts["label"], counts["none"], counts["skip"], config.output_dir), flush=True)
-    return 0
-
-
-def run():
-    logs.run(main, config=CONFIG, concise=True)
-
-
-if __name__ == "__main__":
-    run()
