@@ -28,6 +28,7 @@ from slimserve.flywheel.labelling import page as label_page
 from slimserve.flywheel.labelling import session as label_session
 from slimserve.flywheel.labelling import store as label_store
 from slimserve.serving.observability import request_log
+from slimserve.serving.tools import image_classifier
 from slimserve.serving.tools import label_candidates
 from slimserve.serving.tools import label_thumbnails
 from slimserve.testing import image_bombs
@@ -221,6 +222,28 @@ def test_class_names_that_could_leave_the_output_folder_are_refused(name, tmp_pa
         label_session.check_classes(["ok", name], "--classes")
     with pytest.raises(errors.UserError):
         label_store.Store(str(tmp_path / "out"), ["ok", name])
+
+
+def test_the_models_classes_come_from_its_one_labels_reader(tmp_path, monkeypatch):
+    """The page names classes by image_classifier.read_model_labels, as bulk inference and
+    the canary do: a labels.txt that is not UTF-8, or too large to be one, is refused in
+    one line naming it, before anything is offered."""
+    version = tmp_path / "models" / "1"
+    (version / "assets").mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    labels = version / "assets" / "labels.txt"
+    labels.write_text("0:cat\n1:dog\n")
+    assert image_classifier.read_model_labels(str(version)) == ["cat", "dog"]
+    labels.write_bytes(b"0:cat\n1:\xff\n")
+    with pytest.raises(errors.UserError, match="%s is not UTF-8" % labels):
+        label_session.prepare(config(candidates=str(tmp_path / "none.jsonl"),
+                                     model_base_path=str(tmp_path / "models"),
+                                     output_dir=str(tmp_path / "out")))
+    monkeypatch.setattr(image_classifier, "MAX_LABELS_BYTES", 8)
+    labels.write_text("0:cat\n1:dog\n")
+    with pytest.raises(errors.UserError, match="%s is over 8 bytes" % labels):
+        image_classifier.read_model_labels(str(version))
+    assert not (tmp_path / "out").exists()
 
 
 def test_request_ids_are_safe_file_names():
