@@ -162,7 +162,7 @@ def label_with_page(candidates, output_dir, base, truth, logged, timings, name):
 
 
 def accuracy(images, labels, baseline, candidate):
-    from slimserve.serving.tools import compare  # pylint: disable=import-outside-toplevel
+    from slimserve.flywheel import compare  # pylint: disable=import-outside-toplevel
     return compare.labelled(images, labels, baseline, candidate)
 
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from slimserve.serving.tools import compare
+from slimserve.flywheel import compare
 from slimserve.testing.saved_models import signature, write_saved_model
 from tests.helpers import ROOT
 

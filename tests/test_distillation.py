@@ -12,15 +12,15 @@ import pytest
 import tensorflow as tf
 
 from slimserve import errors
-from slimserve.cli import retrain
 from slimserve.estimator import dataset
 from slimserve.estimator import inputs
-from slimserve.estimator import merge
 from slimserve.estimator import model
 from slimserve.estimator import schema
 from slimserve.estimator import splits
 from slimserve.estimator import train_config
 from slimserve.estimator import training
+from slimserve.flywheel import merge
+from slimserve.flywheel import publish
 from slimserve.testing import digits_traffic
 from tests.drift_fixtures import MODEL, drift_model, drift_parts  # noqa: F401
 
@@ -46,11 +46,10 @@ def distilled(tmp_path_factory, drift_model, new_labels):
     work = tmp_path_factory.mktemp("served")
     base = work / "models" / MODEL
     shutil.copytree(os.path.join(drift_model, "1"), base / "1")
-    serving = retrain._serving(retrain.RetrainConfig(  # pylint: disable=protected-access
-        labels_dir="unused", model_base_path=str(base)))
+    serving = publish.read_serving(publish.PublishConfig(model_base_path=str(base)))
     original = os.path.join(os.path.dirname(drift_model), "data-1")
     merged = str(work / "merged")
-    with retrain._teacher(serving) as teacher:  # pylint: disable=protected-access
+    with merge.teacher(serving.version_dir, serving.name, serving.version) as teacher:
         info = merge.merge(original, new_labels, merged, CLASSES, repeats=2, teacher=teacher)
     assert info["teacher"] is True
     return merged, original

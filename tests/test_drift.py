@@ -424,12 +424,12 @@ def test_atypical_and_disagreement_scorers_rank_the_shifted_images(drift_model, 
 
 def test_slimserve_label_offers_drifts_candidates_with_the_reference_examples(
         drift_model, drift_logs, tmp_path):
-    from slimserve.cli import label as label_cli  # pylint: disable=import-outside-toplevel
+    from slimserve.flywheel.labelling import session  # pylint: disable=import-outside-toplevel
     from slimserve import fields  # pylint: disable=import-outside-toplevel
     result = _drift("--logs", drift_logs["shifted"], "--model_base_path", drift_model,
                     "--output_dir", tmp_path / "drift", "--max_candidates", 30)
     assert result.code == 0, result.output
-    page, _, notes = label_cli.prepare(fields.check(label_cli.LabelConfig(
+    page, _, notes = session.prepare(fields.check(session.LabelConfig(
         candidates=str(tmp_path / "drift" / "candidates.jsonl"),
         output_dir=str(tmp_path / "labels"), model_base_path=drift_model, progress=False)))
     assert len(page.items) == 30
@@ -446,7 +446,7 @@ def test_another_programs_tfrecords_among_the_logs_are_named_skips(drift_model, 
     of tf.Example records and one of text records matched by --logs are each counted and
     named, never a traceback; with nothing else to read, one line names them."""
     from slimserve import fields  # pylint: disable=import-outside-toplevel
-    from slimserve.cli import label as label_cli  # pylint: disable=import-outside-toplevel
+    from slimserve.flywheel.labelling import session  # pylint: disable=import-outside-toplevel
     logs = tmp_path / "logs"
     logs.mkdir()
     for path in glob.glob(drift_logs["unshifted"]):
@@ -460,7 +460,7 @@ def test_another_programs_tfrecords_among_the_logs_are_named_skips(drift_model, 
     assert report["images"] == UNSHIFTED
     assert report["skipped"][log_reader.FOREIGN] == 2
     assert sorted(f["log"] for f in report["skipped_files"]) == sorted(foreign)
-    page, _, notes = label_cli.prepare(fields.check(label_cli.LabelConfig(
+    page, _, notes = session.prepare(fields.check(session.LabelConfig(
         logs=pattern, output_dir=str(tmp_path / "labels"), model_base_path=drift_model,
         progress=False)))
     assert page.items and "2 %s" % log_reader.FOREIGN in " ".join(notes)

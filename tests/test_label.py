@@ -1,6 +1,6 @@
 """slimserve-label in process: choosing the images (flywheel/candidates.py),
-thumbnails of hostile bytes, the output tree and its provenance (label_store.py), and the
-page as a WSGI app called without a socket (label_page.py): labelling, none of these,
+thumbnails of hostile bytes, the output tree and its provenance (labelling/store.py), and the
+page as a WSGI app called without a socket (labelling/page.py): labelling, none of these,
 skipping, resuming, two labellers at once, path escapes, escaping, bounded bodies. The
 logs are written by the server's own RequestLogger (tests/label_logs.py). The page in a
 real browser: tests/test_label_browser.py."""
@@ -22,15 +22,16 @@ from PIL import Image
 
 from slimserve import errors
 from slimserve import fields
-from slimserve.cli import label as label_cli
 from slimserve.estimator import dataset
 from slimserve.flywheel import candidates as candidates_lib
+from slimserve.flywheel.labelling import items as label_items
+from slimserve.flywheel.labelling import page as label_page
+from slimserve.flywheel.labelling import session as label_session
+from slimserve.flywheel.labelling import store as label_store
+from slimserve.serving.clients import image_classifier
 from slimserve.serving.observability import log_reader
 from slimserve.serving.observability import request_log
 from slimserve.serving.observability import thumbnails
-from slimserve.serving.tools import label_items
-from slimserve.serving.tools import label_page
-from slimserve.serving.tools import label_store
 from slimserve.testing import image_bombs
 from slimserve.testing.commands import help_text, run_command
 from tests.helpers import ROOT
@@ -94,7 +95,7 @@ def decide(browser, html, rid, choice):
 
 def config(**values):
     values.setdefault("progress", False)
-    return fields.check(label_cli.LabelConfig(**values))
+    return fields.check(label_session.LabelConfig(**values))
 
 
 def provenance(output_dir):
@@ -228,7 +229,7 @@ def test_a_candidates_file_drives_the_page(served_logs, digits_model, tmp_path):
     candidates_lib.write_candidates(path, chosen + [
         candidates_lib.Candidate(str(tmp_path / "gone.tfrecord"), 0, score=2.0),
         candidates_lib.Candidate(chosen[0].log, 999, score=3.0)])
-    page, _, notes = label_cli.prepare(config(candidates=path, model_base_path=base,
+    page, _, notes = label_session.prepare(config(candidates=path, model_base_path=base,
                                               output_dir=str(tmp_path / "out")))
     assert list(page.items) == [c.request_id for c in chosen]
     for candidate in chosen:  # model, time and top-3 come from the logged record
@@ -242,9 +243,31 @@ def test_a_candidates_file_drives_the_page(served_logs, digits_model, tmp_path):
 @pytest.mark.parametrize("name", ["../evil", "a/b", ".hidden", "  ", "x\ny", ".."])
 def test_class_names_that_could_leave_the_output_folder_are_refused(name, tmp_path):
     with pytest.raises(errors.UserError):
-        label_cli.check_classes(["ok", name], "--classes")
+        label_session.check_classes(["ok", name], "--classes")
     with pytest.raises(errors.UserError):
         label_store.Store(str(tmp_path / "out"), ["ok", name])
+
+
+def test_the_models_classes_come_from_its_one_labels_reader(tmp_path, monkeypatch):
+    """The page names classes by image_classifier.read_model_labels, as bulk inference and
+    the canary do: a labels.txt that is not UTF-8, or too large to be one, is refused in
+    one line naming it, before anything is offered."""
+    version = tmp_path / "models" / "1"
+    (version / "assets").mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    labels = version / "assets" / "labels.txt"
+    labels.write_text("0:cat\n1:dog\n")
+    assert image_classifier.read_model_labels(str(version)) == ["cat", "dog"]
+    labels.write_bytes(b"0:cat\n1:\xff\n")
+    with pytest.raises(errors.UserError, match="%s is not UTF-8" % labels):
+        label_session.prepare(config(candidates=str(tmp_path / "none.jsonl"),
+                                     model_base_path=str(tmp_path / "models"),
+                                     output_dir=str(tmp_path / "out")))
+    monkeypatch.setattr(image_classifier, "MAX_LABELS_BYTES", 8)
+    labels.write_text("0:cat\n1:dog\n")
+    with pytest.raises(errors.UserError, match="%s is over 8 bytes" % labels):
+        image_classifier.read_model_labels(str(version))
+    assert not (tmp_path / "out").exists()
 
 
 def test_request_ids_are_safe_file_names():
@@ -287,7 +310,7 @@ def labelling(served_logs, digits_model, tmp_path):
     """(page, output folder) of a fresh labelling run on the served logs."""
     base, _ = digits_model
     out = str(tmp_path / "labels")
-    page, _, _ = label_cli.prepare(config(logs=served_logs, model_base_path=base,
+    page, _, _ = label_session.prepare(config(logs=served_logs, model_base_path=base,
                                           output_dir=out, grid_size=3))
     return page, out
 
@@ -351,7 +374,7 @@ def test_resume_offers_what_is_left_and_counts_what_was_done(labelling, served_l
         assert decide(browser, browser.page(), rid, choice)[0] == 303
     held = cards(browser.page())  # the first session's images, still claimed
     base, _ = digits_model
-    again, _, notes = label_cli.prepare(config(logs=served_logs, model_base_path=base,
+    again, _, notes = label_session.prepare(config(logs=served_logs, model_base_path=base,
                                                output_dir=out, grid_size=3))
     assert not set(first[:2]) & set(again.items)
     assert len(again.items) == 28 and any("Resumed: 2 decision(s)" in n for n in notes)
@@ -366,7 +389,7 @@ def test_two_labellers_never_lose_or_double_a_label(labelling, served_logs, digi
     page, out = labelling
     base, _ = digits_model
     # A second page process on the same folder (its own Store, its own lock file handle).
-    other, _, _ = label_cli.prepare(config(logs=served_logs, model_base_path=base,
+    other, _, _ = label_session.prepare(config(logs=served_logs, model_base_path=base,
                                            output_dir=out, grid_size=3))
     alice, bob, carol = Browser(page), Browser(page), Browser(other)
     pages = [alice.page(), bob.page(), carol.page()]
@@ -433,7 +456,7 @@ def test_crash_leftovers_are_repaired_and_disk_errors_leave_nothing(labelling, t
     # A write the disk refuses (RLIMIT_FSIZE: a real EFBIG) leaves no file and no line.
     script = r"""
 import os, resource, signal, sys
-from slimserve.serving.tools import label_store
+from slimserve.flywheel.labelling import store as label_store
 out, limit = sys.argv[1], int(sys.argv[2])
 store = label_store.Store(out, [str(d) for d in range(10)])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -459,7 +482,7 @@ def test_hostile_logs_are_escaped_counted_and_never_served_raw(served_logs, digi
     base, held_out = digits_model
     good = next(open(p, "rb").read() for p, _ in held_out if p.endswith(".jpg"))
     pattern = write_hostile_logs(str(tmp_path / "hostile"), good)
-    page, _, notes = label_cli.prepare(config(logs=pattern, model_base_path=base,
+    page, _, notes = label_session.prepare(config(logs=pattern, model_base_path=base,
                                               output_dir=str(tmp_path / "out")))
     assert len(page.items) == 1  # the good image; the bomb and the HTML are not shown
     text = " ".join(notes)
@@ -486,7 +509,7 @@ def test_hostile_logs_are_escaped_counted_and_never_served_raw(served_logs, digi
     assert HOSTILE_CLASS not in html and page.classes == CLASSES
     # Classes from the logged responses alone: a name that cannot be a folder is refused.
     with pytest.raises(errors.UserError, match="class name"):
-        label_cli.prepare(config(logs=pattern, output_dir=str(tmp_path / "out2")))
+        label_session.prepare(config(logs=pattern, output_dir=str(tmp_path / "out2")))
     assert decide(browser, html, rid, "label:2")[0] == 303
 
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
+from slimserve.flywheel.labelling import store as label_store
 from slimserve.serving import server_process
-from slimserve.serving.tools import label_store
 from slimserve.testing.servers import MEMORY_CAP
 from tests.helpers import ROOT, require_tool
 from tests.label_logs import (HOSTILE_MODEL, digits_model, served_logs,  # noqa: F401

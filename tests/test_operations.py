@@ -15,6 +15,7 @@ from tensorflow_serving.config import logging_config_pb2
 
 from slimserve.estimator import splits
 from slimserve.export import warmup
+from slimserve.flywheel import compare
 from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import messages
 from slimserve.serving.config import model_config
@@ -23,7 +24,6 @@ from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_policy
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
-from slimserve.serving.tools import compare
 from slimserve.testing import tiny_models
 from slimserve.testing.servers import serve_in_process
 from tests.helpers import require_tool, run_cli

@@ -13,7 +13,7 @@ from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import predict_pb2
 
 from slimserve.export import warmup
-from slimserve.serving.tools import compare
+from slimserve.flywheel import compare
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.observability import request_log
 from slimserve.testing import tiny_models

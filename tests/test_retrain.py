@@ -18,7 +18,6 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from slimserve import errors
 from slimserve.estimator import dataset
-from slimserve.estimator import merge
 from slimserve.estimator import run_lock
 from slimserve.estimator import schema
 from slimserve.estimator import splits
@@ -26,8 +25,11 @@ from slimserve.export import versions
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
 from slimserve.serving import server as server_lib
-from slimserve.serving.tools import label_store
-from slimserve.cli import retrain
+from slimserve.flywheel import canary
+from slimserve.flywheel import merge
+from slimserve.flywheel import publish
+from slimserve.flywheel import retrain
+from slimserve.flywheel.labelling import store as label_store
 from slimserve.testing import digits_traffic
 from slimserve.testing.commands import run_command
 from slimserve.testing.servers import wait_until
@@ -103,10 +105,10 @@ def served(tmp_path, drift_model):
     return str(base), str(config)
 
 
-def _config(served_paths, **changes):
-    base, config_file = served_paths
-    return retrain.RetrainConfig(labels_dir="unused", model_config_file=config_file,
-                                 **changes)
+def _publishing(served_paths, **changes):
+    """The served model a retrain of it reads and publishes to (its --model_config_file)."""
+    _, config_file = served_paths
+    return publish.PublishConfig(model_config_file=config_file, **changes)
 
 
 def test_merge_keeps_the_original_validation_and_renumbers_new_labels_by_name(
@@ -147,30 +149,29 @@ def test_the_gate_refuses_a_worse_candidate_and_passes_a_better_one(
         served, drift_model, labelled, candidates):
     original = os.path.join(os.path.dirname(drift_model), "data-1")
     new, _ = labelled
-    serving = retrain._serving(_config(served))  # pylint: disable=protected-access
+    serving = publish.read_serving(_publishing(served))
     assert serving.version == 1 and serving.class_names == CLASSES
+
+    def check(candidate, **gate):
+        return canary.check(canary.CanaryConfig(**gate), serving.version_dir, candidate,
+                            new, original)
     margin = 0.06  # what this linear model loses on upright digits by learning rotated ones
-    report, reasons = retrain.check(_config(served, max_regression=margin), serving,
-                                    candidates["worse"], new, original)
+    report, reasons = check(candidates["worse"], max_regression=margin)
     assert any(r.startswith("original validation split") for r in reasons), reasons
     assert report["validation"]["candidate_accuracy"] < \
         report["validation"]["baseline_accuracy"] - margin
-    report, reasons = retrain.check(_config(served, max_regression=margin), serving,
-                                    candidates["better"], new, original)
+    report, reasons = check(candidates["better"], max_regression=margin)
     assert not reasons, reasons
     assert report["holdout"]["candidate_accuracy"] > \
         report["holdout"]["baseline_accuracy"] + 0.2
-    report, reasons = retrain.check(_config(served), serving, candidates["better"], new,
-                                    original)
+    report, reasons = check(candidates["better"])
     assert reasons == [r for r in reasons if r.startswith("original validation split")] \
         and reasons  # the default margin, one point, refuses it
-    report, reasons = retrain.check(_config(served, max_regression=margin, min_gain=0.99),
-                                    serving, candidates["better"], new, original)
+    report, reasons = check(candidates["better"], max_regression=margin, min_gain=0.99)
     assert len(reasons) == 1 and reasons[0].startswith("held-out new labels")
     # A negative --min_gain tolerates a loss on the new labels: at -1, with the validation
     # margin wide open, even the worse candidate passes.
-    report, reasons = retrain.check(_config(served, max_regression=1.0, min_gain=-1.0),
-                                    serving, candidates["worse"], new, original)
+    report, reasons = check(candidates["worse"], max_regression=1.0, min_gain=-1.0)
     assert not reasons, reasons
 
 
@@ -184,8 +185,8 @@ def test_publish_labels_canary_then_promote_moves_stable_and_a_server_follows(
     channel = grpc.insecure_channel("127.0.0.1:%d" % server.port)
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     try:
-        serving = retrain._serving(_config(served))  # pylint: disable=protected-access
-        version, labels = retrain.publish(_config(served), serving, candidates["better"])
+        serving = publish.read_serving(_publishing(served))
+        version, labels = publish.publish(_publishing(served), serving, candidates["better"])
         assert version > 1 and labels == {"stable": 1, "canary": version}
         assert sorted(os.listdir(base)) == ["1", str(version)]  # no temporary left
         entry = model_config.model_entry(files.read_model_server_config(config_file), None,
@@ -208,10 +209,10 @@ def test_publish_labels_canary_then_promote_moves_stable_and_a_server_follows(
 
         assert wait_until(lambda: answering("canary") == [version], 60, 0.2, "canary")
         assert answering("stable") == [1]
-        promoted = _config(served, promote=True)
-        serving = retrain._serving(promoted)  # pylint: disable=protected-access
+        promoted = _publishing(served, promote=True)
+        serving = publish.read_serving(promoted)
         assert serving.version == 1  # the stable label's
-        newer, labels = retrain.publish(promoted, serving, candidates["better"])
+        newer, labels = publish.publish(promoted, serving, candidates["better"])
         assert labels == {"stable": newer, "canary": newer}
         assert wait_until(lambda: answering("stable") == [newer], 60, 0.2, "stable moved")
     finally:
@@ -231,7 +232,7 @@ def test_publish_refuses_what_an_operator_changed_while_the_retrain_ran(served, 
     base, config_file = served
     candidate = os.path.join(drift_model, "1")
     before = _leftovers(base, config_file)
-    serving = retrain._serving(_config(served))  # pylint: disable=protected-access
+    serving = publish.read_serving(_publishing(served))
     edited = open(config_file).read().replace(
         'model_platform: "tensorflow"',
         'model_platform: "tensorflow" version_labels { key: "gold" value: 1 }')
@@ -239,13 +240,13 @@ def test_publish_refuses_what_an_operator_changed_while_the_retrain_ran(served, 
         handle.write(edited)
     with pytest.raises(model_config.ConfigChanged, match=r"changed since this run read it "
                        r"\(model digits: label gold \(none\) -> 1\)"):
-        retrain.publish(_config(served), serving, candidate)
+        publish.publish(_publishing(served), serving, candidate)
     assert open(config_file).read() == edited and _leftovers(base, config_file) == before
-    serving = retrain._serving(_config(served))  # pylint: disable=protected-access
+    serving = publish.read_serving(_publishing(served))
     shutil.copytree(candidate, os.path.join(base, "7"))  # the operator's own export
     with pytest.raises(versions.VersionsChanged, match="versions changed since this run "
                        "read them \\(added 7\\)"):
-        retrain.publish(_config(served), serving, candidate)
+        publish.publish(_publishing(served), serving, candidate)
     assert open(config_file).read() == edited
     assert _leftovers(base, config_file) == (["1", "7"], before[1])
     # An edit after every check, just before the rename, is caught by the check there.
@@ -269,10 +270,10 @@ def test_a_read_only_model_config_refuses_publishing_before_a_version_appears(
     before = _leftovers(base, config_file)
     text = open(config_file).read()
     os.chmod(config_file, 0o444)
-    serving = retrain._serving(_config(served))  # pylint: disable=protected-access
+    serving = publish.read_serving(_publishing(served))
     with pytest.raises(errors.UserError, match="--model_config_file %s is read-only "
                        "\\(mode 0o444\\)" % config_file):
-        retrain.publish(_config(served), serving, os.path.join(drift_model, "1"))
+        publish.publish(_publishing(served), serving, os.path.join(drift_model, "1"))
     assert _leftovers(base, config_file) == before and open(config_file).read() == text
     assert versions.list_versions(base) == [1]
 

@@ -8,6 +8,11 @@ or an `error` for an input that could not be read or decoded. A batch that fails
 in halves until the bad image is alone, so one bad image never costs its neighbours'
 answers. Optionally each row carries a PredictionLog as TFX's BulkInferrer writes them.
 Class names come from the signature's `class_names` output, else the model's labels.txt.
+
+Also the one reader of a model's labels.txt (`read_model_labels`), and what every client
+judging a model's answers shares: `resolve_model_dir` (a version or a base path's newest)
+and `decision` (outputs -> the class named per prediction), used by the flywheel's canary
+comparison and by the tuner's accuracy guard.
 """
 import os
 
@@ -16,9 +21,16 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from slimserve import conventions
+from slimserve.errors import UserError
 from slimserve.serving.bulk import inputs as bulk_inputs
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
+from slimserve.serving.core import version_dirs
+
+# Output keys read for the class decision and for the probabilities, in order of
+# preference: slimserve's predict signatures, then TF Serving's classify convention.
+CLASS_KEYS = (conventions.CLASSES,)
+SCORE_KEYS = (conventions.PROBABILITIES, conventions.SCORES)
 
 
 class ImageClassifier:
@@ -128,11 +140,63 @@ def error_row(item, message):
     return row
 
 
+# A labels.txt larger than this is refused rather than read into memory (a model
+# directory may come from anyone: the labelling page reads it too).
+MAX_LABELS_BYTES = 1 << 24
+
+
 def read_model_labels(path):
-    """Class names from the SavedModel's labels.txt asset (`id:name`), [] if it has none
-    (compare.py names its flips with them too)."""
+    """Class names from the SavedModel's labels.txt asset (`id:name`), [] if it has none;
+    the one reader of a model's labels (bulk inference, the canary comparison and the
+    flywheel's labelling and retrain all name classes with it). A file that does not
+    parse, or is over MAX_LABELS_BYTES, is a UserError naming it."""
     labels = os.path.join(path, "assets", conventions.LABELS_ASSET)
     if not tf.io.gfile.exists(labels):
         return []
-    with tf.io.gfile.GFile(labels) as handle:
-        return conventions.parse_labels(handle, labels)
+    with tf.io.gfile.GFile(labels, "rb") as handle:
+        data = handle.read(MAX_LABELS_BYTES + 1)
+    if len(data) > MAX_LABELS_BYTES:
+        raise UserError("%s is over %d bytes: not a labels file" % (labels, MAX_LABELS_BYTES))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError("%s is not UTF-8 text: %s" % (labels, error)) from None
+    return conventions.parse_labels(text.split("\n"), labels)
+
+
+def resolve_model_dir(path):
+    """A SavedModel directory, or a base path whose newest integer version is used."""
+    if tf.io.gfile.exists(tf.io.gfile.join(path, "saved_model.pb")):
+        return path
+    versions = version_dirs.list_version_dirs(path)
+    if not versions:
+        raise UserError("%s is neither a SavedModel directory nor a base path with an "
+                        "integer version holding saved_model.pb" % path)
+    return versions[max(versions)]
+
+
+def decision(outputs, names=()):
+    """(class per prediction [B] as text, scores [B, C] or None) from a signature's
+    outputs: a classify signature's class strings, else the class id named through the
+    model's labels.txt (`names`; the id as text when it has none)."""
+    scores = next((outputs[k] for k in SCORE_KEYS if k in outputs), None)
+    classes = next((outputs[k] for k in CLASS_KEYS if k in outputs), None)
+    if scores is not None and scores.ndim == 2:
+        chosen = np.argmax(scores, axis=1)
+        if classes is not None and classes.ndim == 2:  # classify: class names per column
+            return [_text(classes[i, j]) for i, j in enumerate(chosen)], scores
+        return [_name(int(c), names) for c in chosen], scores
+    if classes is not None:
+        first = classes.reshape(len(classes), -1)[:, 0]
+        return [_name(int(c), names) if np.issubdtype(first.dtype, np.integer) else _text(c)
+                for c in first], None
+    raise UserError("outputs %s have neither class ids nor scores to compare"
+                    % sorted(outputs))
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _name(class_id, names):
+    return names[class_id] if 0 <= class_id < len(names) else str(class_id)

@@ -18,11 +18,11 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from slimserve import conventions
 from slimserve import errors
+from slimserve.serving.clients import image_classifier
 from slimserve.serving.clients import loadtest
 from slimserve.serving.core import errors as serving_errors
 from slimserve.serving.core import tensors
 from slimserve.serving.observability import request_log
-from slimserve.serving.tools import compare
 
 IMAGES = "encoded images"
 EXAMPLES = "serialized tf.Examples"
@@ -34,7 +34,8 @@ _FORMATS = ((b"\xff\xd8", b"jpeg"), (b"\x89PNG", b"png"), (b"GIF8", b"gif"), (b"
 def signatures(model_base_path, tags=("serve",)):
     """{name: SignatureDef} of the newest version under a base path (or of a SavedModel
     directory), read from saved_model.pb without loading the model."""
-    path = tf.io.gfile.join(compare.resolve_model_dir(model_base_path), "saved_model.pb")
+    path = tf.io.gfile.join(image_classifier.resolve_model_dir(model_base_path),
+                            "saved_model.pb")
     saved_model = saved_model_pb2.SavedModel()
     with tf.io.gfile.GFile(path, "rb") as handle:
         saved_model.ParseFromString(handle.read())  # protobuf itself caps a message at 2 GiB

@@ -31,10 +31,10 @@ from slimserve import outputs
 from slimserve.serving import options as options_lib
 from slimserve.serving import server_process
 from slimserve.serving.clients import client as client_lib
+from slimserve.serving.clients import image_classifier
 from slimserve.serving.clients import loadtest
 from slimserve.serving.config import model_config
 from slimserve.serving.observability import metrics
-from slimserve.serving.tools import compare
 from slimserve.serving.tuning import batching_tuner
 from slimserve.serving.tuning import inputs as tuner_inputs
 
@@ -122,7 +122,7 @@ def predict_classes(client, inputs, signature_name, concurrency):
     def one(value):
         try:
             outputs = client.predict({client.input_key: [value]}, signature_name)
-            classes, scores = compare.decision(outputs)  # the canary's class decision
+            classes, scores = image_classifier.decision(outputs)  # as the canary decides
             return classes[0], None if scores is None else np.asarray(scores[0], np.float64)
         except (grpc.RpcError, ValueError, Stopping) as error:
             failures.append(error.details() if isinstance(error, grpc.RpcError) else str(error))

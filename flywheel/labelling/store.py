@@ -24,7 +24,7 @@ commit. A failure (a full disk) removes the image again and cuts the line back; 
 kill -9, a torn last line is cut off by the next writer and an image without its line
 (`clean_orphans`) is removed, so the tree and the provenance file always agree.
 Class folder names are checked as single, visible path components inside output_dir, and
-request ids are made safe by label_candidates.request_id: no name can leave the folder.
+request ids are made safe by log_reader.request_id: no name can leave the folder.
 """
 import contextlib
 import errno

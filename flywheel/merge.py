@@ -22,18 +22,23 @@ The original shards are hard-linked when they can be (same file system), else co
 with a `teacher` (distillation, --distill_weight), the original training records are
 rewritten instead, each with the serving version's probabilities for its image
 (`image/class/teacher`), and dataset_info.json says `"teacher": true`. The new labels get
-none: what they teach is their label.
+none: what they teach is their label. `teacher(version_dir)` makes that teacher of a
+SavedModel version (the serving one), answering as the server does.
 """
 import collections
+import contextlib
 import json
 import os
 import shutil
 
+import numpy as np
 import tensorflow as tf
 
+from slimserve import conventions
 from slimserve.estimator import dataset
 from slimserve.estimator import schema
 from slimserve.estimator import splits
+from slimserve.serving.core import servable as servable_lib
 
 
 def _link_or_copy(source, target):
@@ -161,3 +166,21 @@ def _optional_split(data_dir, split):
         return splits.split_files(data_dir, split)
     except dataset.DatasetError:
         return []
+
+
+@contextlib.contextmanager
+def teacher(version_dir, name="teacher", version=0):
+    """encoded images -> the probabilities of the SavedModel at `version_dir` (its
+    serving_default signature, run by the server's own Servable): merge()'s `teacher` for
+    --distill_weight. The model is unloaded on the way out."""
+    servable = servable_lib.Servable(name, version, version_dir)
+    try:
+        _, signature_def = servable.signature(conventions.DEFAULT_SIGNATURE)
+
+        def probabilities(images):
+            feeds = {conventions.IMAGE_BYTES: np.array(images, dtype=object)}
+            return servable.run(signature_def, feeds,
+                                [conventions.PROBABILITIES])[conventions.PROBABILITIES]
+        yield probabilities
+    finally:
+        servable.retire()

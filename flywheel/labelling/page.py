@@ -1,5 +1,5 @@
 """The labelling page: a WSGI app that shows the logged images worth labelling, one at a
-time or as a grid, and records a person's decisions in a label_store.Store.
+time or as a grid, and records a person's decisions in a store.Store.
 
 Plain HTML forms do the work (a decision is a POST, answered by a redirect to the next
 images), so the page works without JavaScript; /app.js only adds keys: 1-9 then letters
@@ -8,7 +8,7 @@ for the classes, `n` none of these, `s` skip, arrows to move between images.
 Everything on it came from a log, a model or a folder and is treated as hostile:
 - texts (class and model names, request ids, reasons, labeller names) are HTML-escaped
   wherever they are written, attributes included;
-- images are only ever the PNG thumbnails label_items made, served as image/png;
+- images are only ever the PNG thumbnails items.py made, served as image/png;
 - every answer carries `X-Content-Type-Options: nosniff` and a Content-Security-Policy
   that allows only this server's own script, style, images and forms (no inline script:
   even an unescaped `<script>` could not run), and no framing;
@@ -17,7 +17,7 @@ Everything on it came from a log, a model or a folder and is treated as hostile:
 - request bodies are bounded (MAX_BODY_BYTES) and parsed as forms only; with
   `allowed_hosts`, requests naming another Host (DNS rebinding) are refused.
 
-Each browser is a session: it claims the images it is shown (label_store claims), so two
+Each browser is a session: it claims the images it is shown (store.py claims), so two
 labellers see different images; a decision on an image someone else decided first is
 answered 409 with who labelled it and how. Only a browser that keeps the session cookie
 and asks for the page claims anything: a GET without the cookie is redirected to the page
@@ -40,8 +40,8 @@ import unicodedata
 import urllib.parse
 
 from slimserve import errors
-from slimserve.serving.tools import label_items
-from slimserve.serving.tools import label_store
+from slimserve.flywheel.labelling import items as items_lib
+from slimserve.flywheel.labelling import store as store_lib
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 16
@@ -175,7 +175,7 @@ def _utc(seconds):
 
 
 class LabelPage:
-    """The WSGI app. items: [label_items.Item], best first; classes: names by index;
+    """The WSGI app. items: [items.Item], best first; classes: names by index;
     examples: {class index: [PNG]}; labeller: the default name of a new session."""
 
     def __init__(self, items, classes, store, examples=None, labeller="unknown",
@@ -368,20 +368,20 @@ class LabelPage:
                 label = -1
             if not 0 <= label < len(self.classes):
                 return self._text(400, "no such class")
-            decision = label_store.LABEL
-        elif choice in (label_store.NONE, label_store.SKIP):
+            decision = store_lib.LABEL
+        elif choice in (store_lib.NONE, store_lib.SKIP):
             decision = choice
         else:
             return self._text(400, "choose a class, none or skip")
         record = self._record(item, session, decision, label)
         try:
-            image = label_items.original_image(item) if label is not None else None
+            image = items_lib.original_image(item) if label is not None else None
             self.store.decide(record, image, item.extension)
-        except label_store.AlreadyDecided as taken:
+        except store_lib.AlreadyDecided as taken:
             if taken.record.get("session") == session.id:
                 return self._redirect(form)  # a second click on the same decision
             return self._index(None, session, 409, self._taken(taken.record), form)
-        except label_items.ItemGone as gone:
+        except items_lib.ItemGone as gone:
             return self._index(None, session, 410, str(gone), form)
         except errors.UserError as error:  # the disk refused: nothing was written
             logging.warning("labelling page: %s", error)
@@ -392,9 +392,9 @@ class LabelPage:
 
     def _taken(self, record):
         who = record.get("labeller") or "another labeller"
-        if record.get("decision") == label_store.LABEL:
+        if record.get("decision") == store_lib.LABEL:
             what = "labelled %s" % record.get("class", "?")
-        elif record.get("decision") == label_store.NONE:
+        elif record.get("decision") == store_lib.NONE:
             what = "marked none of these"
         else:
             what = "skipped"
@@ -461,8 +461,8 @@ class LabelPage:
             "<header><h1>Labelling served images</h1>",
             "<span id=\"counts\">%d to go on this page &middot; %d labelled &middot; %d none "
             "of these &middot; %d skipped%s</span>" % (
-                undecided, counts[label_store.LABEL], counts[label_store.NONE],
-                counts[label_store.SKIP],
+                undecided, counts[store_lib.LABEL], counts[store_lib.NONE],
+                counts[store_lib.SKIP],
                 " &middot; %d held by other labellers" % held if held else ""),
             "<form method=\"post\" action=\"/labeller\" id=\"labeller\">labelling as "
             "<input name=\"name\" value=\"%s\" maxlength=\"%d\" size=\"14\">"

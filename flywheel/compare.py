@@ -1,5 +1,6 @@
 """A canary check from served traffic: replay logged requests against a baseline and a
-candidate SavedModel in process and say how often they agree.
+candidate SavedModel in process and say how often they agree (slimserve-compare: a
+CompareConfig and `run`; slimserve-retrain's gate, flywheel/canary.py, replays with it too).
 
 What TFX's Evaluator and InfraValidator do inside a pipeline, done here from the
 request logs the server writes (serving/observability/request_log.py), so a deployment script can
@@ -13,39 +14,95 @@ are compared and listed by name, from each model's labels.txt.
 """
 import collections
 import contextlib
+import dataclasses
+import json
 import time
 
 import numpy as np
 import tensorflow as tf
 
 from slimserve import conventions
+from slimserve import fields
 from slimserve.errors import UserError
 from slimserve.serving.clients import image_classifier
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import tensors
-from slimserve.serving.core import version_dirs
-from slimserve.serving.observability import log_reader as label_candidates
-
-# Output keys read for the class decision and for the probabilities, in order of
-# preference: slimserve's predict signatures, then TF Serving's classify convention.
-CLASS_KEYS = (conventions.CLASSES,)
-SCORE_KEYS = (conventions.PROBABILITIES, conventions.SCORES)
+from slimserve import outputs as outputs_lib
+from slimserve.serving.observability import log_reader
 
 
 REPLAYABLE = ("predict_log", "classify_log", "regress_log")
 
 
+@dataclasses.dataclass
+class CompareConfig:
+    """slimserve-compare's flags."""
+    logs: str = fields.option(None, "Glob of request log files (TFRecords of PredictionLog, "
+                              "as the server's logging_config writes them).", required=True)
+    baseline: str = fields.option(
+        None, "SavedModel directory, or a base path (its newest version is used).",
+        required=True)
+    candidate: str = fields.option(
+        None, "SavedModel directory, or a base path (its newest version is used).",
+        required=True)
+    min_agreement: float = fields.option(
+        None, "Exit 1 when class agreement is below this (0..1); without it the report is "
+        "informational.", fields.PROBABILITY, kind=float)
+    max_candidate_error_rate: float = fields.option(
+        0.0, "Exit 1 when the candidate refuses (errors on) more than this fraction of the "
+        "replayed requests (0..1; default 0: any refusal fails the canary).",
+        fields.PROBABILITY)
+    max_requests: int = fields.option(10000, "Logged requests replayed at most.",
+                                      fields.Bound(1, 10_000_000))
+    json_output: str = fields.option(None, "Also write the report as JSON to this file.")
+    progress: bool = fields.option(True, "Show a progress bar.")
+
+
+def run(config):
+    """slimserve-compare: replays the logged requests on both models and judges the
+    candidate; returns the report ("passed", "refused_because": the reasons), also written
+    atomically to config.json_output (checked writable before anything is replayed)."""
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    outputs_lib.check_output(config.json_output, "--json_output")
+    scan = log_reader.Scan()
+    requests = read_requests(config.logs, config.max_requests, scan)
+    with tqdm(total=len(requests), disable=not config.progress, unit="req") as bar:
+        report = compare(requests, config.baseline, config.candidate, progress=bar.update)
+    report["skipped_logs"] = skipped_json(scan)
+    report["min_agreement"] = config.min_agreement
+    report["max_candidate_error_rate"] = config.max_candidate_error_rate
+    reasons = verdict(report, config.min_agreement, config.max_candidate_error_rate)
+    report["passed"] = not reasons
+    report["refused_because"] = reasons
+    if config.json_output:
+        with outputs_lib.write_atomically(config.json_output, "--json_output") as handle:
+            json.dump(report, handle, indent=2)
+    return report
+
+
+def summary(report):
+    """What slimserve-compare prints of run()'s report: the table (format_report) and
+    what was not replayed."""
+    text = format_report(report, report["min_agreement"], report["max_candidate_error_rate"])
+    skipped = report["skipped_logs"]
+    if skipped["records"]:
+        text += "\nnot replayed: %s" % "; ".join(
+            ["%d %s" % (n, why) for why, n in sorted(skipped["records"].items())] +
+            ["%s (%s)" % (f["log"], f["reason"]) for f in skipped["files"]])
+    return text
+
+
 def read_requests(pattern, limit, scan=None):
     """The first `limit` replayable logged requests (Predict, Classify, Regress) of the
     request-log files `pattern` (--logs) matches, read by the flywheel's one log reader
-    (label_candidates.iter_indexed): other records, damaged files and files of another
+    (log_reader.iter_indexed): other records, damaged files and files of another
     program's records are counted (and the files named) in `scan`, a
-    label_candidates.Scan, never fatal. A UserError naming --logs when no file matches,
+    log_reader.Scan, never fatal. A UserError naming --logs when no file matches,
     and naming what was skipped when no request is left to replay."""
-    scan = scan if scan is not None else label_candidates.Scan()
+    scan = scan if scan is not None else log_reader.Scan()
     requests = []
-    for _, _, log in label_candidates.iter_indexed(pattern, scan):
+    for _, _, log in log_reader.iter_indexed(pattern, scan):
         kind = log.WhichOneof("log_type")
         if kind not in REPLAYABLE:
             scan.skipped["record without a replayable request (%s)" % (kind or "none")] += 1
@@ -65,17 +122,6 @@ def skipped_json(scan):
     return {"records": dict(scan.skipped), "files": scan.files_json()}
 
 
-def resolve_model_dir(path):
-    """A SavedModel directory, or a base path whose newest integer version is used."""
-    if tf.io.gfile.exists(tf.io.gfile.join(path, "saved_model.pb")):
-        return path
-    versions = version_dirs.list_version_dirs(path)
-    if not versions:
-        raise UserError("%s is neither a SavedModel directory nor a base path with an "
-                        "integer version holding saved_model.pb" % path)
-    return versions[max(versions)]
-
-
 def _feeds(log, signature_def):
     """The request a PredictionLog holds, as the feeds of its signature."""
     kind = log.WhichOneof("log_type")
@@ -93,33 +139,6 @@ def _signature_name(log):
     kind = log.WhichOneof("log_type")
     return (getattr(log, kind).request.model_spec.signature_name
             or tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
-
-
-def decision(outputs, names=()):
-    """(class per prediction [B] as text, scores [B, C] or None) from a signature's
-    outputs: a classify signature's class strings, else the class id named through the
-    model's labels.txt (`names`; the id as text when it has none)."""
-    scores = next((outputs[k] for k in SCORE_KEYS if k in outputs), None)
-    classes = next((outputs[k] for k in CLASS_KEYS if k in outputs), None)
-    if scores is not None and scores.ndim == 2:
-        chosen = np.argmax(scores, axis=1)
-        if classes is not None and classes.ndim == 2:  # classify: class names per column
-            return [_text(classes[i, j]) for i, j in enumerate(chosen)], scores
-        return [_name(int(c), names) for c in chosen], scores
-    if classes is not None:
-        first = classes.reshape(len(classes), -1)[:, 0]
-        return [_name(int(c), names) if np.issubdtype(first.dtype, np.integer) else _text(c)
-                for c in first], None
-    raise UserError("outputs %s have neither class ids nor scores to compare"
-                    % sorted(outputs))
-
-
-def _text(value):
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _name(class_id, names):
-    return names[class_id] if 0 <= class_id < len(names) else str(class_id)
 
 
 def _refusal(error):
@@ -157,7 +176,7 @@ def _loaded(baseline_dir, candidate_dir, session_config):
     models = {}
     try:
         for role, directory in (("baseline", baseline_dir), ("candidate", candidate_dir)):
-            path = resolve_model_dir(directory)
+            path = image_classifier.resolve_model_dir(directory)
             models[role] = (servable_lib.Servable(role, 0, path, session_config),
                             image_classifier.read_model_labels(path))
         yield models
@@ -187,7 +206,7 @@ def _replay(logs, models, progress):
                 started = time.perf_counter()
                 outputs = servable.run(signature_def, feeds, sorted(signature_def.outputs))
                 latencies[role].append(time.perf_counter() - started)
-                answers[role] = decision(outputs, names)
+                answers[role] = image_classifier.decision(outputs, names)
             except (errors.ServingError, ValueError) as error:
                 answers[role] = _refusal(error)
                 refusals[role][answers[role]] += 1
@@ -297,7 +316,7 @@ def _answer_each(servable, signature_def, names, images):
     feeds = {conventions.IMAGE_BYTES: np.array(images, dtype=object)}
     try:
         outputs = servable.run(signature_def, feeds, sorted(signature_def.outputs))
-        return decision(outputs, names)[0]
+        return image_classifier.decision(outputs, names)[0]
     except errors.ServingError:
         if len(images) == 1:
             return [None]

@@ -3,7 +3,7 @@
 
 `load_items` reads only the log records the candidates name (one pass per file, with
 each record's byte offset), decodes each image to a PNG thumbnail under a pixel bound
-(label_thumbnails.py) and keeps the thumbnail, not the logged bytes: memory stays a few
+(serving/observability/thumbnails.py) and keeps the thumbnail, not the logged bytes: memory stays a few
 KB per candidate. Images that do not decode (not an image, a decompression bomb, a
 truncated file) are not offered, and counted. When a person labels an image,
 `original_image` reads its record again at the remembered offset and checks it is the
