@@ -28,11 +28,6 @@ FOLDERS = ("slimserve", "estimator", "export", "serving", "flywheel", "tests", "
 LIBRARIES = ("estimator", "export", "serving", "flywheel")
 SERVER_PARTS = ("serving/core", "serving/api", "serving/config", "serving/observability",
                 "serving/server.py", "serving/options.py", "serving/limits.py")
-# serving/tools/ is being dissolved (issue 48): its files move to serving/clients|bulk|
-# tuning and to flywheel/, where the rules of their new folder hold them. Until then the
-# files bound for flywheel/ may import what flywheel may.
-BOUND_FOR_FLYWHEEL = ("serving/tools/label_items.py", "serving/tools/label_page.py",
-                      "serving/tools/label_store.py", "serving/tools/compare.py")
 
 
 @dataclasses.dataclass
@@ -53,8 +48,7 @@ def _serving(*parts):
 
 RULES = [
     Rule("serving never imports estimator, export or flywheel", ("serving",),
-         ("slimserve.estimator", "slimserve.export", "slimserve.flywheel"),
-         except_in=BOUND_FOR_FLYWHEEL),
+         ("slimserve.estimator", "slimserve.export", "slimserve.flywheel")),
     Rule("the server's own parts never import serving's clients, bulk, tuning, tools or "
          "server_process", SERVER_PARTS,
          _serving("clients", "bulk", "tuning", "tools", "server_process")),
@@ -64,8 +58,7 @@ RULES = [
          ("slimserve.export", "slimserve.serving", "slimserve.flywheel")),
     Rule("only commands, tests, benchmarks and scripts import flywheel", FOLDERS,
          ("slimserve.flywheel",),
-         except_in=("flywheel", "slimserve/cli", "tests", "benchmarks", "scripts") +
-         BOUND_FOR_FLYWHEEL),
+         except_in=("flywheel", "slimserve/cli", "tests", "benchmarks", "scripts")),
     Rule("no library or shared module imports slimserve.cli", LIBRARIES + ("slimserve",),
          ("slimserve.cli",), except_in=("slimserve/cli", "slimserve/testing")),
 ]
