@@ -126,7 +126,7 @@ import logging, os, sys
 sys.path.insert(0, os.getcwd())
 logging.basicConfig(level=logging.INFO, format="LOG %(levelname)s %(message)s")
 from slimserve.serving.observability import request_log
-from tests.test_request_log_durability import _pair, _spec, _settled
+from tests.system.test_request_log_durability import _pair, _spec, _settled
 os.setgid(65534)
 os.setuid(65534)
 prefix = sys.argv[1]

@@ -22,8 +22,7 @@ from slimserve.estimator import image_files
 from slimserve.estimator import schema
 from slimserve.estimator import splits
 from slimserve.serving.tools import server_process
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
 
 
 def _digits(digits_dir, digit, count):

@@ -140,7 +140,7 @@ def test_a_tflite_model_that_disagrees_fails_the_parity_check(tflite_export, tra
 def test_a_full_disk_is_one_line_and_nothing_is_published(trained_run, tmp_path):
     """--tflite onto a disk that fills while the version is written: one line naming
     --export_base and why (it was a 34-line traceback), no version and no temporary."""
-    from tests.test_request_log_durability import small_tmpfs  # pylint: disable=import-outside-toplevel
+    from tests.system.test_request_log_durability import small_tmpfs  # pylint: disable=import-outside-toplevel
     with small_tmpfs(str(tmp_path / "disk"), 8 << 20) as disk:
         base = os.path.join(disk, "export")
         out = run_cli("slimserve.cli.export", "--model_dir", trained_run, "--export_base",

@@ -16,8 +16,8 @@ from slimserve.estimator import nets
 from slimserve.estimator import preprocessing
 from slimserve.export import receivers
 from slimserve.testing import image_bombs
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "guard_worker.py")
 # Address-space cap of the worker: TensorFlow plus a loaded SavedModel reserve ~2.5 GB
 # of it; a bomb that got decoded would touch 0.5-10 GB more.

@@ -404,7 +404,7 @@ def test_a_per_model_file_out_of_bound_keeps_the_old_version_serving(tmp_path):
 
 def test_the_bounds_table_in_reliability_md_is_the_code_s():
     from slimserve import fields  # pylint: disable=import-outside-toplevel
-    page = open(os.path.join(os.path.dirname(__file__), "..", "docs",
+    page = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs",
                              "reliability.md")).read()
     for field, rule in fields.bounds_table(batching.BatchingParameters):
         assert "| `%s` | %s |" % (field, rule) in page, field

@@ -229,7 +229,7 @@ def test_in_process_configs_are_the_operators(bases, tmp_path):
     used as given, and later reloads may reuse them."""
     tiny, _ = bases
     prefix = str(tmp_path / "logs" / "tiny")
-    from tests.test_operations import _logging_config  # pylint: disable=import-outside-toplevel
+    from tests.system.test_operations import _logging_config  # pylint: disable=import-outside-toplevel
     server = server_lib.ModelServer(
         model_server_config=[model_config.ServedModel("tiny", tiny,
                                                       logging_config=_logging_config(prefix))],
@@ -261,7 +261,7 @@ def test_a_reload_only_reads_the_base_paths_and_warmup_it_names(bases, tmp_path)
     tiny, _ = bases
     target = tmp_path / "theirs" / "model"
     shutil.copytree(os.path.join(tiny, "2"), target / "5")
-    from tests.test_model_lifecycle import _write_warmup  # pylint: disable=import-outside-toplevel
+    from tests.integration.test_model_lifecycle import _write_warmup  # pylint: disable=import-outside-toplevel
     _write_warmup(str(target / "5"), [[1.0, 2.0]])
     server, _ = _server(tmp_path, _entry("tiny", tiny))
     server.manager.options.warmup = True  # replay the warmup of what the reload names
