@@ -33,6 +33,7 @@ def _build_train_graph(config):
     return graph, images, labels, spec
 
 
+@pytest.mark.cost(23)
 def test_warm_start_restores_every_variable_including_bn_statistics(imagenet_checkpoint):
     reader = tf.train.load_checkpoint(imagenet_checkpoint)
     expected = {name for name, _ in tf.train.list_variables(imagenet_checkpoint)
@@ -61,12 +62,14 @@ def test_warm_start_restores_every_variable_including_bn_statistics(imagenet_che
     assert mean.min() >= 0.5 and not np.allclose(mean, 1.0)
 
 
+@pytest.mark.cost(12)
 def test_head_shape_mismatch_names_the_variable_and_shapes(imagenet_checkpoint):
     with pytest.raises(warm_start.WarmStartError,
                        match=r"resnet_v1_50/logits/(weights|biases).*\[.*1000\].*\[.*10\]"):
         _build_train_graph(_config(imagenet_checkpoint, checkpoint_exclude_scopes=[]))
 
 
+@pytest.mark.cost(29)
 def test_missing_variables_fail_unless_ignored(tmp_path):
     partial = slim_checkpoints.make_imagenet_style_checkpoint(
         str(tmp_path), drop_scopes=["resnet_v1_50/block4"])
@@ -87,6 +90,7 @@ def test_no_gradient_is_computed_below_the_trained_scopes(imagenet_checkpoint):
     assert update_ops and all("block4" in op.name for op in update_ops)
 
 
+@pytest.mark.cost(32)
 def test_frozen_weights_and_bn_statistics_stay_bit_identical(imagenet_checkpoint, digits_data,
                                                             tmp_path):
     config = _config(imagenet_checkpoint, freeze_scopes=EARLY)

@@ -104,6 +104,7 @@ def test_bf16_runs_convolutions_in_bfloat16_and_keeps_predictions(export_dir, di
     assert not np.array_equal(full, mixed)  # it really computed in lower precision
 
 
+@pytest.mark.cost(12)
 @pytest.mark.slow
 def test_xla_compiles_a_training_step_on_cpu_and_computes_the_same():
     out = subprocess.run([sys.executable, "-c", _XLA_PROBE], cwd=ROOT, capture_output=True,

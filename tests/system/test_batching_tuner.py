@@ -4,11 +4,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from slimserve.serving.core import batching
 from slimserve.serving.tools import tuner as tuner_lib
 from tests.helpers import ROOT
 
 
+@pytest.mark.cost(18)
 def test_tuner_measures_writes_the_chosen_config_and_a_plot(export_dir, digits_dir, tmp_path):
     config, png = tmp_path / "batching.config", tmp_path / "batching.png"
     out = subprocess.run(

@@ -86,6 +86,7 @@ def records_by_shard(data_dir):
             for path in sorted(glob.glob(os.path.join(data_dir, "*-of-*")))}
 
 
+@pytest.mark.cost(8)
 def test_beam_conversion_equals_local_converter(images_with_bad_files, tmp_path):
     local, beam = str(tmp_path / "local"), str(tmp_path / "beam")
     local_info = dataset.build_dataset(images_with_bad_files, local, validation_fraction=FRACTION,

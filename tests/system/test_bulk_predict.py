@@ -205,6 +205,7 @@ def _predict_cli(*args, timeout=600, prefix=(), env=None):
                           env=env)
 
 
+@pytest.mark.cost(10)
 def test_a_long_input_list_is_read_ahead_boundedly_under_a_memory_cap(export_dir, tmp_path):
     """3,000 rows naming a 2 MiB image: every file read at once took 6 GB (a 40,000-row CSV
     reached 4.2 GB and SIGSEGV); read ahead --read_ahead at a time it fits a 4.5 GB
@@ -226,6 +227,7 @@ def test_a_long_input_list_is_read_ahead_boundedly_under_a_memory_cap(export_dir
     assert summary["images"] == summary["predicted"] == 3000
 
 
+@pytest.mark.cost(11)
 def test_pipes_and_folders_are_error_rows_and_the_bar_counts_predictions(
         export_dir, digits_data, digits_dir, tmp_path):
     """A named pipe blocked the run forever; now it is an error row with the reason, as

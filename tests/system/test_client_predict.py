@@ -140,6 +140,7 @@ def test_one_bad_file_costs_one_error_line_and_names_are_printed(server, files):
         "above)"
 
 
+@pytest.mark.cost(11)
 def test_json_rows_and_the_signature_flag(server, files):
     target = "--server=127.0.0.1:%d" % server.port
     default = json.loads(run_cli("slimserve.cli.client", "predict", target, "--json",

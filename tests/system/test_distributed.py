@@ -22,6 +22,7 @@ COMMON = ["--image_size", IMAGE_SIZE, "--batch_size", 16, "--batch_norm_decay", 
 FROZEN = "resnet_v1_50/conv1,resnet_v1_50/block1,resnet_v1_50/block2,resnet_v1_50/block3"
 
 
+@pytest.mark.cost(50)
 @pytest.mark.slow
 def test_two_replica_training_evaluates_and_exports_on_one_device(digits_data,
                                                                   imagenet_checkpoint, tmp_path):
@@ -111,6 +112,7 @@ def _free_ports(count):
     return ports
 
 
+@pytest.mark.cost(20)
 @pytest.mark.slow
 def test_parameter_server_cluster_on_loopback_trains_to_completion(digits_data,
                                                                   imagenet_checkpoint, tmp_path):

@@ -212,6 +212,7 @@ def test_undecodable_image_fails_the_request_cleanly(export_dir):
         assert good[signatures.PROBABILITIES].shape == (1, 10)
 
 
+@pytest.mark.cost(26)
 def test_export_cli_publishes_atomically_and_rejects_a_failed_verification(
         trained_run, tmp_path, monkeypatch):
     from tests.helpers import run_cli  # pylint: disable=import-outside-toplevel

@@ -54,6 +54,7 @@ def _predict_images(port, pixels, signature=signatures.PREDICT_IMAGES):
             tf.make_ndarray(response.outputs[signatures.PROBABILITIES]))
 
 
+@pytest.mark.cost(22)
 def test_export_writes_model_tflite_with_its_parity(tflite_export):
     base, lines = tflite_export
     version_dir = lines[-2]

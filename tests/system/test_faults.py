@@ -34,6 +34,7 @@ def _kill_when(args, ready, timeout=300):
             process.kill()
 
 
+@pytest.mark.cost(62)
 @pytest.mark.slow
 def test_killed_training_resumes_without_rewarming_and_exports(digits_data,
                                                               imagenet_checkpoint, tmp_path):
@@ -97,6 +98,7 @@ def test_killed_training_resumes_without_rewarming_and_exports(digits_data,
     assert os.path.exists(os.path.join(version, "saved_model.pb"))
 
 
+@pytest.mark.cost(13)
 @pytest.mark.slow
 def test_killed_conversion_never_leaves_a_finished_looking_shard(tmp_path):
     import make_digits  # pylint: disable=import-outside-toplevel
@@ -122,6 +124,7 @@ def test_killed_conversion_never_leaves_a_finished_looking_shard(tmp_path):
     assert total == 1797
 
 
+@pytest.mark.cost(18)
 def test_killed_export_is_never_loaded_by_a_polling_server(trained_run, tmp_path):
     base = tmp_path / "models"
     base.mkdir()

@@ -79,6 +79,7 @@ def _help_of_all(entries):
     return json.loads(process.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.cost(29)
 def test_help_of_every_console_script_lists_its_own_flags():
     entries = console_scripts()
     helps = _help_of_all(entries)
@@ -97,6 +98,7 @@ def test_help_of_every_console_script_lists_its_own_flags():
         assert short.stdout.lstrip().startswith(name), (name, short.stdout[:300])
 
 
+@pytest.mark.cost(10)
 def test_data_dir_of_images_or_of_nothing_says_run_slimserve_convert(digits_dir, tmp_path):
     model_dir = tmp_path / "run"
     images = run_command("slimserve.cli.train", "--data_dir", digits_dir, "--model_dir",
@@ -126,6 +128,7 @@ def test_data_dir_of_images_or_of_nothing_says_run_slimserve_convert(digits_dir,
     assert not os.path.exists(model_dir)  # nothing written for any of the three
 
 
+@pytest.mark.cost(8)
 def test_checkpoint_of_another_net_names_its_model_name_before_writing(digits_data,
                                                                        tmp_path):
     other = slim_checkpoints.make_imagenet_style_checkpoint(str(tmp_path / "v2"),

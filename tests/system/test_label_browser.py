@@ -177,6 +177,7 @@ def no_script_ran(driver):
     return driver.execute_script("return window.canary === undefined")
 
 
+@pytest.mark.cost(8)
 def test_click_key_arrows_skip_none_and_resume_after_kill(served_logs, digits_model, tmp_path,
                                                           browsers, servers):
     base, _ = digits_model
@@ -235,6 +236,7 @@ def test_click_key_arrows_skip_none_and_resume_after_kill(served_logs, digits_mo
     assert "Traceback" not in err
 
 
+@pytest.mark.cost(16)
 def test_two_labellers_at_once(served_logs, digits_model, tmp_path, browsers, servers):
     base, _ = digits_model
     out = str(tmp_path / "labels")
@@ -295,6 +297,7 @@ def test_two_labellers_at_once(served_logs, digits_model, tmp_path, browsers, se
     assert len(provenance(out)) == 9
 
 
+@pytest.mark.cost(5)
 def test_hostile_logged_bytes_never_run_in_the_page(digits_model, tmp_path, browsers,
                                                     servers):
     base, held_out = digits_model

@@ -131,6 +131,7 @@ def _tensorflow(version_dir, signature, feeds, keys):
         servable.retire()
 
 
+@pytest.mark.cost(30)
 def test_export_writes_the_ir_with_its_parity(ir_export):
     _, version_dir, lines = ir_export
     for name in (openvino_model.MODEL_FILE, openvino_model.MODEL_FILE[:-4] + ".bin"):
@@ -156,6 +157,7 @@ def test_export_writes_the_ir_with_its_parity(ir_export):
         version_dir, openvino_model.MODEL_FILE)))) == ["model.bin", "model.xml"]
 
 
+@pytest.mark.cost(10)
 def test_a_model_on_openvino_answers_every_signature_as_tensorflow(ir_export, validation,
                                                                     monkeypatch):
     """Two models on one export in one server: "resnet" on TensorFlow, "resnet_ov" with
@@ -191,6 +193,7 @@ def test_a_model_on_openvino_answers_every_signature_as_tensorflow(ir_export, va
     assert len(set(expected[signatures.PREDICT_IMAGES][0])) > 1  # real, varied answers
 
 
+@pytest.mark.cost(12)
 def test_a_version_without_an_ir_is_converted_at_load_and_batched(ir_export, validation,
                                                                    tmp_path, caplog,
                                                                    monkeypatch):
@@ -296,6 +299,7 @@ def test_bf16_and_int8_say_when_they_cannot_run(ir_export, caplog):
             assert "no openvino/model_int8.xml" in lines[0]
 
 
+@pytest.mark.cost(25)
 def test_int8_is_refused_saying_by_how_much_or_kept_and_served(ir_export, validation,
                                                                tmp_path):
     """NNCF calibrated on images 1000 times too bright: every real image lands in a few

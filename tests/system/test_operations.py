@@ -46,6 +46,7 @@ def _http(port, method, path, body=None):
     return response.status, response.getheader("Content-Type"), payload
 
 
+@pytest.mark.cost(20)
 def test_logged_traffic_of_both_apis_builds_the_next_versions_warmup(
         trained_run, export_dir, digits_data, tmp_path):
     base = tmp_path / "models"

@@ -115,6 +115,7 @@ def _serve(args, timeout=120):
     return out.returncode, out.stderr
 
 
+@pytest.mark.cost(10)
 def test_a_second_server_refuses_a_served_grpc_port_and_takes_a_socket_over(tmp_path):
     """With SO_REUSEPORT a second server shared the first one's port: it now refuses to
     start, naming the port, and the first keeps serving. A served Unix socket path is

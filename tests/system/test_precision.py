@@ -8,6 +8,7 @@ import logging
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from slimserve import compute
@@ -121,6 +122,7 @@ def _xla_ops(servable, signature_name, feeds):
                for node in graph.node)
 
 
+@pytest.mark.cost(9)
 def test_xla_compiles_the_served_graph(export_dir, digits_data):
     images = splits.read_images(digits_data, schema.VALIDATION, 16)[0]
     base = os.path.dirname(export_dir)

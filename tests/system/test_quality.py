@@ -66,6 +66,7 @@ def test_training_from_scratch_learns_within_the_budget(trained_run):
     assert fresh[60] >= 0.6
 
 
+@pytest.mark.cost(110)
 def test_finetuning_reaches_high_accuracy_with_frozen_layers_bit_identical(trained_run,
                                                                            finetuned_run):
     tuned = eval_accuracy_by_step(finetuned_run)

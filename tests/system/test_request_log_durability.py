@@ -277,6 +277,7 @@ def test_flush_on_sigusr1_and_records_survive_kill_9(tmp_path):
         stop_process(process, timeout=60)
 
 
+@pytest.mark.cost(14)
 def test_large_logged_requests_from_six_clients_do_not_kill_the_server(tmp_path):
     """Valid 30 MiB Predicts logged at sampling 1.0 from 6 clients against a server capped
     at 4 GiB of address space: the bytes of requests in flight are bounded before they are

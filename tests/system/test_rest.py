@@ -363,6 +363,7 @@ def _server_socket_stats(port):
     return unread, received
 
 
+@pytest.mark.cost(8)
 def test_sigterm_answers_rest_and_grpc_requests_in_flight(tmp_path, export_dir, digits_dir):
     """Requests wait 1.5 s in the batch queue, so SIGTERM lands while 3 REST and 3 gRPC
     Predicts are in flight, and a fourth REST request is half uploaded; that one is

@@ -357,6 +357,7 @@ def test_a_second_retrain_on_one_model_dir_is_refused_before_it_writes(
 STEPS = 8  # each of the soup's two fine-tunes: enough to move the weights apart
 
 
+@pytest.mark.cost(55)
 @pytest.mark.slow
 def test_a_real_fine_tune_from_the_served_export_passes_and_is_promoted(
         tmp_path, export_dir, digits_data, digits_dir, drift_parts):

@@ -262,6 +262,7 @@ def test_full_queue_answers_unavailable_and_recovers(base_path, digits_data):
         tight.stop()
 
 
+@pytest.mark.cost(9)
 def test_new_version_under_load_is_picked_up_with_zero_failures(server, client, base_path,
                                                                 export_dir, digits_data):
     images = _images(digits_data, 4)
@@ -316,6 +317,7 @@ def test_metrics_endpoint_counts_requests(server, client, digits_data):
                for s in families[metrics.REQUEST_LATENCY].samples)
 
 
+@pytest.mark.cost(8)
 def test_model_config_file_and_sigterm(tmp_path, base_path, digits_data):
     config = tmp_path / "models.config"
     config.write_text("""
@@ -387,6 +389,7 @@ def test_client_retries_unavailable_only(server):
     assert _invalid_count(server) == before + 1  # sent once, not retried
 
 
+@pytest.mark.cost(16)
 def test_client_and_loadtest_clis(server, digits_dir):
     target = "127.0.0.1:%d" % server.port
     files = sorted(os.path.join(digits_dir, "7", n) for n in os.listdir(

@@ -91,6 +91,7 @@ class _Trickle:
         self.thread.join(10)
 
 
+@pytest.mark.cost(18)
 def test_trickling_clients_never_lock_out_rest(tiny_base):
     """262 connections sending a byte every 5 s left 0 of 3 valid GETs answered in 15 s:
     at the limit the slowest partial requests now make room (408, naming the flag), the

@@ -131,6 +131,7 @@ tf.saved_model.save(module, sys.argv[1], signatures=module.__call__)
 """
 
 
+@pytest.mark.cost(11)
 def test_models_using_tf_text_ops_load_and_serve(tmp_path):
     """TF Serving links TF Text's ops into its binary (its suite's test_tf_text); a model
     exported with tensorflow_text loads here without the client importing anything."""
@@ -197,6 +198,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.cost(11)
 def test_harness_runs_a_tagged_suite_against_slimserve_server(tmp_path):
     """The harness extracts the suite at a tag from a git repository, puts the wrapper
     where the binary goes, makes test_util importable beside the installed API package,

@@ -284,6 +284,7 @@ def _signatures(stub, model):
     return signatures.signature_def
 
 
+@pytest.mark.cost(12)
 def test_random_shapes_at_every_signature_never_take_the_server_down(bases, export_dir,
                                                                       tmp_path):
     """Hundreds of random ranks and dimensions (0, huge, huge-but-empty, deeper than TF

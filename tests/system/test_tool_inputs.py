@@ -27,6 +27,7 @@ def _write_string_model(base):
     write_saved_model(os.path.join(base, "1"), build)
 
 
+@pytest.mark.cost(10)
 def test_loadtest_sends_to_the_input_the_signature_names(tmp_path):
     """Today every request went to a literal "image_bytes" and failed INVALID_ARGUMENT on
     any model whose input is named otherwise."""

@@ -51,6 +51,7 @@ def diverged_run(digits_data, tmp_path_factory):
     return model_dir, stopped, forced
 
 
+@pytest.mark.cost(53)
 def test_exploding_loss_stops_training_with_an_error(diverged_run):
     model_dir, stopped, _ = diverged_run
     assert stopped.returncode != 0, stopped.stderr[-3000:]
@@ -60,6 +61,7 @@ def test_exploding_loss_stops_training_with_an_error(diverged_run):
     assert not os.path.exists(os.path.join(model_dir, "export"))
 
 
+@pytest.mark.cost(15)
 def test_chance_level_model_is_refused_by_both_exporters_and_slimserve_export(diverged_run):
     model_dir, _, forced = diverged_run
     assert forced.returncode == 3, forced.stderr[-3000:]
@@ -98,6 +100,7 @@ def _replace(path, content):
         handle.write(content)
 
 
+@pytest.mark.cost(29)
 def test_truncated_newest_checkpoint_resumes_from_the_newest_intact_one(
         diverged_run, digits_data, tmp_path):
     source, _, _ = diverged_run
@@ -126,6 +129,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_newest_intact_one(
     assert "model.ckpt-2" in str(error.value) and "new --model_dir" in str(error.value)
 
 
+@pytest.mark.cost(13)
 def test_resuming_a_five_class_checkpoint_on_ten_classes_names_the_head(digits_data, tmp_path):
     model_dir = tmp_path / "five"
     checkpoint = slim_checkpoints.make_imagenet_style_checkpoint(str(model_dir), num_classes=5)

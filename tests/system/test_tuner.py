@@ -42,6 +42,7 @@ def _table_rows(text):
             if line.startswith("| ") and "precision" not in line]
 
 
+@pytest.mark.cost(44)
 def test_small_grid_end_to_end_writes_flags_config_table_and_plot(export_dir, digits_data,
                                                                    tmp_path):
     out = tmp_path / "out"
@@ -107,6 +108,7 @@ def _swapped_classes_model(export_dir, base_path, first=3, second=4):
     return base_path
 
 
+@pytest.mark.cost(34)
 def test_a_setting_that_breaks_agreement_is_rejected(export_dir, digits_data, tmp_path):
     # No serving knob changes this model's classes deterministically on every CPU (bf16
     # agrees on the trained digits), so the perturbed setting serves a test-only candidate
@@ -176,6 +178,7 @@ def _start_tuner(module, export_dir, tmp_path, *args):
     return process, log
 
 
+@pytest.mark.cost(19)
 def test_interrupted_tuner_stops_its_servers(export_dir, digits_data, digits_dir, tmp_path):
     token = str(tmp_path)  # every child's command line names its scratch folder under it
     # SIGTERM while a setting is being measured: the server goes, the tuner exits 143.
