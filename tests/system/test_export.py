@@ -170,32 +170,58 @@ def test_all_signatures_agree_and_classify_reads_validation_examples(export_dir,
     assert [n.decode() for n in names] == [str(c) for c in by_bytes[signatures.CLASSES]]
 
 
+# The first lines of a TensorFlow-only child: our packages cannot be imported there (a
+# finder ahead of every other refuses them), and an import that something caught and
+# went on without is still reported by _TF_ONLY_END.
+_TF_ONLY = """
+import sys
+OURS = ('slimserve', 'estimator', 'export', 'serving')
+assert not [m for m in sys.modules if m.split('.')[0] in OURS], 'imported at start'
+attempts = []
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in OURS:
+            attempts.append(name)
+            raise ImportError('a TensorFlow-only process imported ' + name)
+        return None
+sys.meta_path.insert(0, Refuse())
+"""
+_TF_ONLY_END = "\nassert not attempts, 'our code was imported: %s' % attempts\n"
+
+
 def test_a_tensorflow_only_process_reproduces_the_probabilities(export_dir, digits_data,
                                                                  tmp_path):
-    """The SavedModel needs TensorFlow alone: a process that never imports slimserve (the
-    guard fails the child if it did; it would with a `import slimserve` line) computes the
-    same probabilities. The child inherits this process's TF_ENABLE_ONEDNN_OPTS, so both
-    run the same kernels."""
+    """The SavedModel needs TensorFlow alone: a process in which our packages cannot be
+    imported (_TF_ONLY) loads it and computes the same probabilities. The child inherits
+    this process's TF_ENABLE_ONEDNN_OPTS, so both run the same kernels."""
     images = [_encoded(e) for e in _validation_examples(digits_data, 6)]
     np.save(tmp_path / "images.npy", np.array(images, dtype=object))
-    script = """
-import sys, numpy as np, tensorflow as tf
-assert not [m for m in sys.modules if m.split('.')[0] in ('slimserve', 'estimator', 'export', 'serving')], 'slimserve was imported'
+    script = _TF_ONLY + """
+import numpy as np, tensorflow as tf
 images = np.load(sys.argv[2], allow_pickle=True)
 loaded = tf.saved_model.load(sys.argv[1])
 out = loaded.signatures['serving_default'](image_bytes=tf.constant(list(images)))
 np.save(sys.argv[3], out['probabilities'].numpy())
-assert not [m for m in sys.modules if m.split('.')[0] in ('slimserve', 'estimator', 'export', 'serving')], 'slimserve was imported'
-"""
-    subprocess.run([sys.executable, "-c", script, export_dir, str(tmp_path / "images.npy"),
-                    str(tmp_path / "out.npy")], check=True, cwd=str(tmp_path),
-                   capture_output=True)
+""" + _TF_ONLY_END
+    child = subprocess.run([sys.executable, "-c", script, export_dir,
+                            str(tmp_path / "images.npy"), str(tmp_path / "out.npy")],
+                           cwd=str(tmp_path), capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr[-3000:]
     graph = tf.Graph()
     with tf.compat.v1.Session(graph=graph) as session:
         meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
         here = verify.run_signature(session, meta, signatures.DEFAULT, {
             signatures.IMAGE_BYTES: np.array(images, dtype=object)})[signatures.PROBABILITIES]
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), here, atol=1e-6)
+
+
+@pytest.mark.parametrize("body", ["import slimserve", "try:\n    import serving\nexcept "
+                                  "ImportError:\n    pass"])
+def test_the_tensorflow_only_guard_fails_a_child_that_imports_our_code(body, tmp_path):
+    """The guard above can fail: an import of ours, even one caught, fails the child."""
+    child = subprocess.run([sys.executable, "-c", _TF_ONLY + body + _TF_ONLY_END],
+                           cwd=str(tmp_path), capture_output=True, text=True)
+    assert child.returncode == 1 and "imported" in child.stderr, child.stderr[-3000:]
 
 
 def test_undecodable_image_fails_the_request_cleanly(export_dir):
