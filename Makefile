@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo flywheel-demo test bench bench-input bench-train bench-serve bench-bulk \
+.PHONY: demo flywheel-demo test unit bench bench-input bench-train bench-serve bench-bulk \
 	bench-warmup bench-pauses bench-runtime bench-flywheel soak clean tfserving-suite
 
 $(STAMP): setup.py
@@ -23,7 +23,8 @@ demo: $(STAMP)
 flywheel-demo: $(STAMP)
 	$(PY) scripts/flywheel_demo.py --fresh
 
-# The suite over pytest-xdist workers, costliest tests first (tests/scheduling.py); three
+# The suite (tests/unit, tests/integration, tests/system) over pytest-xdist workers,
+# costliest tests first (each test's cost marker, tests/scheduling.py); three
 # on 2 cores, so a core never waits while a worker's test waits (docs/development.md).
 TEST_WORKERS ?= 3
 # Bytecode of our sources first: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
@@ -37,6 +38,11 @@ test: $(STAMP)
 	@bash scripts/test_tools.sh
 	$(PY) -m compileall -q slimserve estimator export serving flywheel tests > /dev/null
 	TF_NUM_INTRAOP_THREADS=$(TEST_INTRAOP_THREADS) $(PY) -m pytest -n $(TEST_WORKERS)
+
+# The unit layer alone (tests/unit: no child process, no socket, no training), in one
+# process: under a minute on 2 cores, where two xdist workers would each import TensorFlow.
+unit: $(STAMP)
+	$(PY) -m pytest -p no:xdist tests/unit
 
 bench: bench-input bench-train bench-serve bench-bulk bench-warmup bench-pauses
 

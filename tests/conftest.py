@@ -2,7 +2,9 @@
 checkpoints made by the tests themselves (no downloads), each built once per run for all
 pytest-xdist workers (tests/run_once.py) and read-only: a test that changes one works on a
 copy. `stub`: a PredictionService stub on the gRPC port of the requesting module's own
-`server` fixture. The run's order and work units are tests/scheduling.py's."""
+`server` fixture. The run's order and work units are tests/scheduling.py's. Each test
+carries the marker of its layer, the folder it is in (tests/unit, tests/integration,
+tests/system: `pytest -m unit`)."""
 import os
 import sys
 
@@ -22,9 +24,14 @@ def pytest_configure(config):
         config.pluginmanager.register(scheduling.XdistPlugin())
 
 
+LAYERS = ("unit", "integration", "system")
+
+
 @pytest.hookimpl(tryfirst=True)  # marked before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if item.path.parent.name in LAYERS:
+            item.add_marker(item.path.parent.name)
         if scheduling.is_slow(item):
             item.add_marker(pytest.mark.slow)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
