@@ -20,6 +20,7 @@ from tensorflow_serving.apis import model_service_pb2_grpc
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from slimserve import errors as user_errors
 from slimserve.serving.config.model_config import ServedModel
 from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
@@ -220,9 +221,9 @@ def test_the_scheduler_queue_is_bounded_per_interpreter(plain_base):
 
 
 def test_options_are_bounded():
-    with pytest.raises(ValueError, match="--num_tflite_pools"):
+    with pytest.raises(user_errors.UserError, match="--num_tflite_pools"):
         tflite_servable.TfLiteOptions(10 ** 6, 1).check()
-    with pytest.raises(ValueError, match="--num_tflite_interpreters_per_pool"):
+    with pytest.raises(user_errors.UserError, match="--num_tflite_interpreters_per_pool"):
         tflite_servable.TfLiteOptions(1, -1).check()
 
 

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from slimserve import errors as user_errors
 from slimserve.serving.core import empty_batch
 from slimserve.serving.core import errors
 from slimserve.serving.core import shape_check
@@ -243,7 +244,10 @@ class InferenceService:
         except errors.ServingError as error:
             status = error.code.name
             raise
-        except Exception:
+        except user_errors.UserError:  # answered INVALID_ARGUMENT by the API layers
+            status = "INVALID_ARGUMENT"
+            raise
+        except Exception:  # a bug: answered INTERNAL
             status = "INTERNAL"
             raise
         finally:

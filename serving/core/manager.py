@@ -490,7 +490,7 @@ class ModelManager:
         """
         try:
             _check_unique(configs)
-        except ValueError as error:
+        except user_errors.UserError as error:
             raise errors.invalid("%s", error) from None
         with self._poll_lock:
             with self._lock:

@@ -71,7 +71,7 @@ class TfLiteOptions:
         bound=fields.Bound(0, INITIAL_BATCH_SIZE), flag="num_tflite_interpreters_per_pool")
 
     def check(self):
-        """Returns self; a UserError (a ValueError) naming the flag out of bounds."""
+        """Returns self; a UserError naming the flag out of bounds."""
         return fields.check(self)
 
 

@@ -110,10 +110,7 @@ def model_classes(version_dir):
         return None
     with tf.io.gfile.GFile(path, "r") as handle:
         lines = handle.read(1 << 24).splitlines()
-    try:
-        return conventions.parse_labels(lines, path)
-    except ValueError as error:
-        raise errors.UserError(str(error)) from None
+    return conventions.parse_labels(lines, path)  # a UserError naming the file and line
 
 
 def check_classes(classes, origin):
