@@ -210,15 +210,16 @@ def reload_models(config_proto, where, manager, request_logs, metrics=None,
     """Serve exactly the models of a ModelServerConfig: the manager reloads, then the
     request loggers follow.
 
-    All or nothing: the configs and their request-log locations are checked first
-    (a UserError, answered INVALID_ARGUMENT naming the model), then ModelManager.reload
-    loads new models before it unloads old ones and changes nothing when one fails; only then do the loggers
-    (RequestLogs) and the metrics' served names change. from_operator: the config is the
-    operator's (the polled --model_config_file), not a network client's. Errors are
-    ServingErrors whose messages name no server path; anything that is neither a
-    UserError nor a ServingError is a bug: logged with its traceback, answered INTERNAL.
-    A config with no config kind set (an empty file or request) changes nothing, as in TF Serving ("Taking no action for
-    empty config"); an empty model_config_list unloads every model."""
+    All or nothing: the configs and their request-log locations are checked first (a
+    UserError, answered INVALID_ARGUMENT naming the model), then ModelManager.reload loads
+    new models before it unloads old ones and changes nothing when one fails; only then
+    do the loggers (RequestLogs) and the metrics' served names change. from_operator: the
+    config is the operator's (the polled --model_config_file), not a network client's.
+    Errors are ServingErrors whose messages name no server path; anything that is neither
+    a UserError nor a ServingError is a bug: logged with its traceback, answered
+    INTERNAL. A config with no config kind set (an empty file or request) changes
+    nothing, as in TF Serving ("Taking no action for empty config"); an empty
+    model_config_list unloads every model."""
     if config_proto.WhichOneof("config") is None:
         logging.info("%s: taking no action for empty config", where)
         return
