@@ -176,7 +176,7 @@ def test_interpreters_per_pool_split_large_requests_and_merge_small_ones(plain_b
     the pool; every request gets exactly its own rows back."""
     servable = tflite_servable.TfLiteServable.load(
         os.path.join(plain_base, "123"), tflite_servable.TfLiteOptions(2, 4))
-    batcher = servable.session.batcher  # the server's one scheduler, core/batching.py
+    batcher = servable.session.batcher  # the server's one scheduler, core/batching/
     try:
         _, signature = servable.signature("")
         rows = np.arange(300, dtype=np.float32).reshape(300, 1)

@@ -196,7 +196,7 @@ class InferenceService:
                  max_request_elements=tensors.DEFAULT_MAX_REQUEST_ELEMENTS,
                  max_broadcast_elements=tensors.DEFAULT_MAX_BROADCAST_ELEMENTS,
                  method_name_check=False, request_logs=None, window=None, in_flight=None):
-        """batcher: core/batching.py's Batcher (None: every request runs alone). metrics:
+        """batcher: the Batcher of core/batching/ (None: every request runs alone). metrics:
         observability/metrics.py's Metrics (None: not counted).
         max_request_elements / max_broadcast_elements: per-request element limits
         (serving/core/tensors.py says why). method_name_check:

@@ -183,7 +183,7 @@ class ModelManager:
           on_load: callback(name, version, path, ok, load_seconds, warmup_seconds) after
             every load attempt (warmup_seconds None when no warmup ran).
           batching_for: callback(version dir) -> the version's batching parameters
-            (core/batching.py's parameters_for_version), set on each loaded servable; a
+            (core/batching/parameters.py's parameters_for_version), set on each loaded servable; a
             failure fails the load.
           health: the server's core.health.Health, which the version poller, the model
             loader, the unload workers and broken servables report to (default: one of
