@@ -111,14 +111,14 @@ def bench_fifo_queue(files, batch, seconds, threads):
 
 
 def _dataset_rate(data_dir, batch, seconds, single_thread=False):
-    config = inputs.InputConfig(preprocess=preprocessing.Spec(SIZE, preprocessing.VGG), batch_size=batch, seed=0,
-                                shuffle_buffer=256,
+    config = inputs.InputConfig(batch_size=batch, shuffle_buffer=256,
                                 num_parallel_calls=1 if single_thread else tf.data.AUTOTUNE,
                                 cycle_length=1 if single_thread else 8,
                                 prefetch=1 if single_thread else tf.data.AUTOTUNE)
     graph = tf.Graph()
     with graph.as_default():
-        ds = inputs.make_input_fn(data_dir, schema.TRAIN, True, config)()
+        ds = inputs.make_input_fn(data_dir, schema.TRAIN, True, config,
+                                  preprocessing.Spec(SIZE, preprocessing.VGG), seed=0)()
         if single_thread:
             options = tf.data.Options()
             options.threading.private_threadpool_size = 1
@@ -162,8 +162,9 @@ def _peak_rss_subprocess(data_dir, batch, batches):
 def _memory_run(data_dir, batch, batches):
     """Reads exactly `batches` batches (repeating the set as training does), so the 1x
     and 10x runs do the same work and differ only in the size of what they read from."""
-    config = inputs.InputConfig(preprocess=preprocessing.Spec(SIZE, preprocessing.VGG), batch_size=batch, seed=0, shuffle_buffer=256)
-    ds = inputs.make_input_fn(data_dir, schema.TRAIN, True, config, num_epochs=None)()
+    config = inputs.InputConfig(batch_size=batch, shuffle_buffer=256)
+    ds = inputs.make_input_fn(data_dir, schema.TRAIN, True, config,
+                              preprocessing.Spec(SIZE, preprocessing.VGG), seed=0)()
     read = sum(1 for _ in ds.take(batches))
     if read != batches:
         raise AssertionError("read %d batches, wanted %d" % (read, batches))

@@ -222,15 +222,15 @@ def main():
     rows, notes = [], []
     for size, batch, steps, side in zip(*per_size.values()):
         flops = 3 * common.count_flops(_config(size, "fp32")[0], size)  # fwd + bwd ~ 3x fwd
-        input_config = inputs.InputConfig(preprocess=preprocessing.Spec(size, preprocessing.VGG), batch_size=batch, seed=0,
-                                          shuffle_buffer=256)
+        input_config = inputs.InputConfig(batch_size=batch, shuffle_buffer=256)
+        input_spec = preprocessing.Spec(size, preprocessing.VGG)
         real_inputs = {"Estimator, real input_fn, 500x375 stored": photo_records(0)}
         if side:
             real_inputs["Estimator, real input_fn, stored at side %d" % side] = (
                 photo_records(side))
         input_rates = {
             name: input_only_rate(inputs.make_input_fn(path, schema.TRAIN, True,
-                                                       input_config),
+                                                       input_config, input_spec, seed=0),
                                   batch, max(20, 4 * steps), args.skip)
             for name, path in real_inputs.items()}
         precision_ratio = {precisions[0]: 1.0}
@@ -260,7 +260,7 @@ def main():
             for index, (name, path) in enumerate(real_inputs.items()):
                 loops[name] = EstimatorLoop(
                     size, precision, inputs.make_input_fn(path, schema.TRAIN, True,
-                                                          input_config),
+                                                          input_config, input_spec, seed=0),
                     os.path.join(run_dir, "real%d" % index))
             try:
                 seconds = common.take_turns(loops, steps, args.rounds, args.skip)

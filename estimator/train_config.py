@@ -2,7 +2,8 @@
 config_definitions), whose fields are slimserve-train's flags.
 
 A recipe (`recipe`, estimator/recipes/) fills what the command line left unset.
-Sections: data (where the TFRecords are), input (the input pipeline), model (ModelConfig,
+Sections: data (where the TFRecords are), input (estimator/inputs.py InputConfig: the
+input pipeline, taken by make_input_fn as it is), model (ModelConfig,
 estimator/model.py: net, fine-tuning, optimisation), run (model_dir, mode, steps,
 checkpoints), distribution (strategy, precision, threads), export (the exporters
 training attaches) and guards (divergence, the run lock). Each field carries its flag's
@@ -22,13 +23,10 @@ from slimserve import fields
 from slimserve.estimator import inputs
 from slimserve.estimator import model as model_lib
 from slimserve.estimator import nets
-from slimserve.estimator import preprocessing
 from slimserve.estimator import recipes
 from slimserve.estimator import run_config
 
 MODES = ("train_and_eval", "train", "eval")
-# -1 is tf.data.AUTOTUNE.
-AUTOTUNE_OR_POSITIVE = fields.Bound(0, lower_open=True, also=(-1,))
 
 
 @dataclasses.dataclass
@@ -43,48 +41,6 @@ class DataOptions:
 
     def labels_path(self):
         return self.labels_file or os.path.join(self.data_dir, conventions.LABELS_FILE)
-
-
-@dataclasses.dataclass
-class InputOptions:
-    """The input pipeline (estimator/inputs.py InputConfig) and the evaluation geometry."""
-    image_size: Optional[int] = fields.option(
-        None, "Network input side (default: the net's own: 224, 299 for resnet_v2_*).",
-        fields.POSITIVE, kind=int)
-    batch_size: int = fields.option(
-        32, "Global training batch size (split across replicas).", fields.POSITIVE)
-    eval_batch_size: int = fields.option(64, "Evaluation batch size.", fields.POSITIVE)
-    shuffle_buffer: int = fields.option(2048, "Records in the training shuffle buffer.",
-                                        fields.POSITIVE)
-    cycle_length: int = fields.option(8, "Shards read in parallel by interleave.",
-                                      fields.POSITIVE)
-    num_parallel_calls: int = fields.option(-1, "Parallel map calls (-1: AUTOTUNE).",
-                                            AUTOTUNE_OR_POSITIVE)
-    prefetch: int = fields.option(-1, "Batches to prefetch (-1: AUTOTUNE).",
-                                  AUTOTUNE_OR_POSITIVE)
-    cache: str = fields.option("", "Cache records: '' off, 'memory', or a file prefix.")
-    min_crop_area: float = fields.option(0.25, "Smallest random-crop area, as a fraction.",
-                                         fields.SHARE)
-    max_crop_area: float = fields.option(1.0, "Largest random-crop area, as a fraction.",
-                                         fields.SHARE)
-    min_aspect_ratio: float = fields.option(
-        3 / 4, "Smallest random-crop aspect ratio (w/h).", fields.POSITIVE)
-    max_aspect_ratio: float = fields.option(
-        4 / 3, "Largest random-crop aspect ratio (w/h).", fields.POSITIVE)
-    random_flip: bool = fields.option(True, "Random left-right flips in training.")
-    eval_central_fraction: float = fields.option(
-        0.875, "Eval and serving crop: vgg-style nets (resnet_v1, vgg) keep the central "
-        "square of this fraction of the shorter side (slim's 224/256); inception-style "
-        "(resnet_v2) this fraction of each side (1.0: no crop).", fields.SHARE)
-    max_image_pixels: int = fields.option(
-        preprocessing.DEFAULT_MAX_IMAGE_PIXELS,
-        "Images whose header claims more pixels (width x height; all frames of a GIF) fail "
-        "before decoding: skipped by the train/eval input, INVALID_ARGUMENT from the "
-        "exported model.", fields.POSITIVE)
-    verify_shards: bool = fields.option(True, "Check every shard's record structure first.")
-    deterministic_input: bool = fields.option(
-        False, "Training examples in an order fixed by --seed (parallel input stages keep "
-        "their order; slower). Evaluation is always in order.")
 
 
 @dataclasses.dataclass
@@ -192,7 +148,7 @@ class TrainConfig:
     recipe: Optional[str] = fields.option(None, recipes.HELP, choices=recipes.NAMES)
     given: Optional[frozenset] = fields.given_flags()
     data: DataOptions = fields.section(DataOptions)
-    input: InputOptions = fields.section(InputOptions)
+    input: inputs.InputConfig = fields.section(inputs.InputConfig)
     model: model_lib.ModelConfig = fields.section(model_lib.ModelConfig)
     run: RunOptions = fields.section(RunOptions)
     distribution: DistributionOptions = fields.section(DistributionOptions)
@@ -206,13 +162,7 @@ class TrainConfig:
         for path, field in fields.walk(type(self)):
             if field.metadata.get("required") and functools.reduce(getattr, path, self) is None:
                 raise errors.UserError("--%s is required" % fields.flag_name(field))
-        if self.input.min_crop_area > self.input.max_crop_area:
-            raise errors.UserError("--min_crop_area must be <= --max_crop_area, got %g > %g"
-                                   % (self.input.min_crop_area, self.input.max_crop_area))
-        if self.input.min_aspect_ratio > self.input.max_aspect_ratio:
-            raise errors.UserError(
-                "--min_aspect_ratio must be <= --max_aspect_ratio, got %g > %g"
-                % (self.input.min_aspect_ratio, self.input.max_aspect_ratio))
+        self.input.check()
         conventions.parse_min_metric(self.export.export_min_metric, self.export.best_metric)
         self.model.resolved(self.run.max_steps).validate()
         return self
@@ -236,21 +186,6 @@ class TrainConfig:
         return nets.preprocessing_spec(self.model.model_name, self.input.image_size,
                                        self.input.eval_central_fraction,
                                        self.input.max_image_pixels)
-
-    def input_configs(self, preprocess):
-        """(train InputConfig, eval InputConfig): the same pipeline, two batch sizes."""
-        options = self.input
-        common = dict(preprocess=preprocess, shuffle_buffer=options.shuffle_buffer,
-                      cycle_length=options.cycle_length,
-                      num_parallel_calls=options.num_parallel_calls,
-                      prefetch=options.prefetch, cache=options.cache,
-                      area_range=(options.min_crop_area, options.max_crop_area),
-                      aspect_ratio_range=(options.min_aspect_ratio, options.max_aspect_ratio),
-                      random_flip=options.random_flip, seed=self.run.seed,
-                      verify_shards=options.verify_shards,
-                      deterministic=options.deterministic_input)
-        return (inputs.InputConfig(batch_size=options.batch_size, **common),
-                inputs.InputConfig(batch_size=options.eval_batch_size, **common))
 
     def flagfile_text(self):
         """The config as a flagfile (`<model_dir>/flags.txt`): --flagfile gives it back;

@@ -70,7 +70,7 @@ class TrainResult:
 
 
 def build_configs(config):
-    """TrainConfig -> (ModelConfig, InputConfig for train, InputConfig for eval).
+    """TrainConfig -> (ModelConfig, the evaluation/serving preprocessing.Spec).
 
     The ModelConfig gets the data set's classes and the defaults that derive from other
     flags (logged, so the run says what it trained with)."""
@@ -84,8 +84,7 @@ def build_configs(config):
                                        class_names=list(class_names), **derived).validate()
     if notes:
         logging.info("defaults for this run: %s", "; ".join(notes))
-    train_input, eval_input = config.input_configs(config.preprocess())
-    return model_config, train_input, eval_input
+    return model_config, config.preprocess()
 
 
 def _teacher_classes(config, model_config):
@@ -208,14 +207,16 @@ def run(config, exporters_factory=None):
     if recipe_line:
         logging.info("%s", recipe_line)
     config.validate()
-    model_config, train_input, eval_input = build_configs(config)
-    data = config.data
-    train_fn = inputs.make_input_fn(data.data_dir, data.train_split, True, train_input,
+    model_config, preprocess = build_configs(config)
+    data, seed = config.data, config.run.seed
+    train_fn = inputs.make_input_fn(data.data_dir, data.train_split, True, config.input,
+                                    preprocess, seed,
                                     teacher_classes=_teacher_classes(config, model_config))
-    eval_fn = inputs.make_input_fn(data.data_dir, data.eval_split, False, eval_input)
+    eval_fn = inputs.make_input_fn(data.data_dir, data.eval_split, False, config.input,
+                                   preprocess, seed)
     exporters = []
     if exporters_factory is not None and config.export.export:
-        exporters = list(exporters_factory(config, eval_input.preprocess))
+        exporters = list(exporters_factory(config, preprocess))
     check_warm_start(config)
     model_dir = config.run.model_dir
     chief = run_config.is_chief()
@@ -228,7 +229,7 @@ def run(config, exporters_factory=None):
         with lock or contextlib.nullcontext():
             if chief:
                 check_resume(config, model_config, repair=lock is not None)
-                run_files.write(model_dir, model_config, eval_input.preprocess,
+                run_files.write(model_dir, model_config, preprocess,
                                 data.data_dir, data.eval_split, config.flagfile_text())
             estimator = make_estimator(config, model_config)
             eval_result, attached = _train(config, estimator, model_config, train_fn,

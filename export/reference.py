@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from slimserve import conventions
+from slimserve import errors
 from slimserve.estimator import schema
 from slimserve.estimator import splits
 from slimserve.export import signatures
@@ -111,16 +112,16 @@ def write_reference(export_dir, data_dir, eval_split=schema.VALIDATION,
     sample, examples = sample_split(data_dir, eval_split, max_images, seed,
                                     examples_per_class)
     if not sample:
-        raise ValueError("%s has no %s images to take a reference from"
-                         % (data_dir, eval_split))
+        raise errors.UserError("%s has no %s images to take a reference from"
+                               % (data_dir, eval_split))
     images = [encoded for encoded, _ in sample]
     stats = []
     for encoded in images:
         try:
             stats.append(image_stats.statistics(encoded))
         except image_stats.NotAnImage as why:
-            raise ValueError("%s: a %s image does not decode (%s)"
-                             % (data_dir, eval_split, why)) from None
+            raise errors.UserError("%s: a %s image does not decode (%s)"
+                                   % (data_dir, eval_split, why)) from None
     probabilities, embeddings = measure(export_dir, images)
     pngs = {}
     for label, encoded_list in examples.items():

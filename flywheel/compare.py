@@ -207,7 +207,7 @@ def _replay(logs, models, progress):
                 outputs = servable.run(signature_def, feeds, sorted(signature_def.outputs))
                 latencies[role].append(time.perf_counter() - started)
                 answers[role] = image_classifier.decision(outputs, names)
-            except (errors.ServingError, ValueError) as error:
+            except (errors.ServingError, UserError, ValueError) as error:
                 answers[role] = _refusal(error)
                 refusals[role][answers[role]] += 1
         if progress:

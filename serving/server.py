@@ -210,34 +210,32 @@ def reload_models(config_proto, where, manager, request_logs, metrics=None,
     """Serve exactly the models of a ModelServerConfig: the manager reloads, then the
     request loggers follow.
 
-    All or nothing: the configs and their request-log locations are checked first
-    (INVALID_ARGUMENT naming the model), then ModelManager.reload loads new models before
-    it unloads old ones and changes nothing when one fails; only then do the loggers
-    (RequestLogs) and the metrics' served names change. from_operator: the config is the
-    operator's (the polled --model_config_file), not a network client's. Errors are
-    ServingErrors whose messages name no server path. A config with no config kind set
-    (an empty file or request) changes nothing, as in TF Serving ("Taking no action for
-    empty config"); an empty model_config_list unloads every model."""
+    All or nothing: the configs and their request-log locations are checked first (a
+    UserError, answered INVALID_ARGUMENT naming the model), then ModelManager.reload loads
+    new models before it unloads old ones and changes nothing when one fails; only then
+    do the loggers (RequestLogs) and the metrics' served names change. from_operator: the
+    config is the operator's (the polled --model_config_file), not a network client's.
+    Errors are ServingErrors whose messages name no server path; anything that is neither
+    a UserError nor a ServingError is a bug: logged with its traceback, answered
+    INTERNAL. A config with no config kind set (an empty file or request) changes
+    nothing, as in TF Serving ("Taking no action for empty config"); an empty
+    model_config_list unloads every model."""
     if config_proto.WhichOneof("config") is None:
         logging.info("%s: taking no action for empty config", where)
         return
     try:
         configs = model_config.served_models_from_proto(config_proto, where,
                                                         manager.platforms())
-    except ValueError as error:
-        raise errors.invalid("%s", error) from None
-    try:
         plan = request_logs.plan(configs, where, from_operator)
-    except ValueError as error:
-        raise errors.invalid("%s", error) from None
-    try:
         manager.reload(configs)
+    except user_errors.UserError as error:  # the config's fault: it names what is wrong
+        raise errors.invalid("%s", error) from None
     except errors.ServingError:
         raise
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:  # pylint: disable=broad-except  (a bug, not the config's)
         logging.exception("%s: reload failed", where)
-        raise errors.ServingError(grpc.StatusCode.INTERNAL, "%s: reload failed: %s"
-                                  % (where, error)) from None
+        raise errors.ServingError(grpc.StatusCode.INTERNAL, "%s: reload failed: %s: %s"
+                                  % (where, type(error).__name__, error)) from None
     if metrics is not None:
         metrics.set_served_models(c.name for c in configs)
     request_logs.apply(plan, from_operator)

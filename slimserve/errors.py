@@ -9,9 +9,9 @@ OSError on a path the user gave into one with `path_error` or `writing`:
     with errors.writing(export_base, "--export_base"):
         publish(...)          # disk full -> "--export_base models/x: No space left on device"
 
-UserError subclasses ValueError so library code written against ValueError keeps working;
-the reverse never holds: a plain ValueError raised inside TensorFlow or numpy is not a
-UserError and keeps its traceback.
+UserError is its own type, not a ValueError: a ValueError (raised inside TensorFlow, numpy
+or our own code) is a bug and keeps its traceback, and the server answers it INTERNAL / 500,
+never INVALID_ARGUMENT / 400 as it answers a UserError met while validating a request.
 """
 import contextlib
 import errno
@@ -25,7 +25,7 @@ PATH_ERRNOS = frozenset(getattr(errno, name) for name in (
     "EBUSY") if hasattr(errno, name))
 
 
-class UserError(ValueError):
+class UserError(Exception):
     """An error the user can fix; its message names the flag, file, field or path."""
 
 

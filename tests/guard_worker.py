@@ -39,9 +39,10 @@ def write_shard(folder, images):
 
 
 def count_records(folder, training, size):
-    config = inputs.InputConfig(preprocess=preprocessing.Spec(size, preprocessing.VGG),
-                                batch_size=1, seed=0, verify_shards=False)
-    input_fn = inputs.make_input_fn(folder, "validation", training, config, num_epochs=1)
+    config = inputs.InputConfig(batch_size=1, eval_batch_size=1, verify_shards=False)
+    input_fn = inputs.make_input_fn(folder, "validation", training, config,
+                                    preprocessing.Spec(size, preprocessing.VGG), seed=0,
+                                    num_epochs=1)
     return sum(1 for _ in input_fn())
 
 

@@ -14,6 +14,7 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.apis import regression_pb2
 
+from slimserve import errors as user_errors
 from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 from slimserve.serving.api import protos
@@ -39,22 +40,37 @@ def _abort(context, error):
 
 
 def _internal_errors(method):
-    """An exception that is not a ServingError (a failure of the server itself, e.g. of a
-    component a request reached) answers INTERNAL and is logged with its traceback,
-    instead of gRPC's UNKNOWN "Exception calling application"."""
+    """What escapes a method that is not a ServingError: a UserError (something in the
+    request a user can fix, raised by code that validates it) answers INVALID_ARGUMENT with
+    its message; anything else is a bug of the server, not the client's fault: INTERNAL,
+    logged with its traceback on one line naming the request (method and model), instead of
+    gRPC's UNKNOWN "Exception calling application"."""
     import functools  # pylint: disable=import-outside-toplevel
 
     @functools.wraps(method)
     def wrapped(self, request, context):
         try:
             return method(self, request, context)
+        except user_errors.UserError as error:
+            if _aborted(context):
+                raise
+            return _abort(context, errors.invalid("%s", error))
         except Exception as error:  # pylint: disable=broad-except
             if _aborted(context):
                 raise  # context.abort's own way out
-            logging.exception("%s failed", method.__name__)
+            logging.exception("gRPC %s of model %r failed", method.__name__,
+                              _model_name(request))
             context.abort(grpc.StatusCode.INTERNAL, errors.scrub_paths(
                 "%s: %s" % (type(error).__name__, error)))
     return wrapped
+
+
+def _model_name(request):
+    """The model a request names (its ModelSpec's, or its first task's), for the log."""
+    spec = getattr(request, "model_spec", None)
+    if spec is None and getattr(request, "tasks", None):
+        spec = request.tasks[0].model_spec
+    return spec.name if spec is not None else ""
 
 
 def _admitted(api):

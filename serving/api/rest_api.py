@@ -12,7 +12,10 @@
 
 Routing follows http_rest_api_util.cc: the paths match case-insensitively, anything else
 under /v1/ is 400 "Malformed request", other paths 404. Every answer, errors included, is
-JSON: {"error": "..."} with the HTTP status of the gRPC code.
+JSON: {"error": "..."} with the HTTP status of the gRPC code (http_server.cc's map,
+core/errors.py); a UserError raised while reading the request is 400 INVALID_ARGUMENT, and
+any other exception is a bug of the server: 500, logged with its traceback naming the
+request.
 
 Transport-free, as TF Serving's http_rest_api_handler is apart from its http_server:
 `RestApi.handle(method, path, headers, body)` -> (status, headers, body); the waitress
@@ -25,6 +28,7 @@ import urllib.parse
 
 import grpc
 
+from slimserve import errors as user_errors
 from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 from slimserve.serving.api import json_writer
@@ -136,10 +140,13 @@ class RestApi:
             return 200, self._headers, self._dispatch(method, path, body)
         except errors.ServingError as error:
             return error.http_status, self._headers, error_body(error.message)
+        except user_errors.UserError as error:  # the request's fault, as it says: 400
+            error = errors.invalid("%s", error)
+            return error.http_status, self._headers, error_body(error.message)
         except Exception as error:  # pylint: disable=broad-except  (a bug, not the client's)
             logging.exception("REST %s %s failed", method, path)
             return 500, self._headers, error_body(errors.scrub_paths(
-                "Internal error: %s" % error))
+                "Internal error: %s: %s" % (type(error).__name__, error)))
 
     def status_page(self):
         """The HTML status page: every model's versions and states, the last minute's

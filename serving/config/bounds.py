@@ -15,7 +15,7 @@ ConfigProto is bounded the same inside a SessionBundleConfig as in its own file)
   config is read;
 - Refused(reason): a message this server does not take at all, whatever it holds;
 - Delegated(checker): checked by the named component (BatchingParameters: by
-  core/batching.py, which owns those rules);
+  core/batching/parameters.py, which owns those rules);
 - KeyedBound: a map's values bounded per key (device_count: at least one CPU).
 
 tests/test_config_bounds.py walks every numeric field of every config message and fails
@@ -192,7 +192,7 @@ RULES = {
         "model_version": NOT_READ,
     },
     "tensorflow.serving.BatchingParameters": Delegated(
-        "core/batching.py (BatchingParameters.check)"),
+        "core/batching/parameters.py (BatchingParameters.check)"),
 }
 
 def roots():

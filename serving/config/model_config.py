@@ -94,7 +94,7 @@ def _platform(entry, where):
 
 def served_models_from_proto(config, where, served=None):
     """ModelServerConfig proto -> [ServedModel] (an empty model_config_list serves no
-    model); files.ConfigError (a ValueError) naming `where`, the source, for an entry that
+    model); files.ConfigError (a UserError) naming `where`, the source, for an entry that
     cannot be served, checked in TF Serving's order: a name listed twice, a relative base
     path, both model_type and model_platform, a served model's platform changed (served:
     {name: platform} of the models served now), then a platform not served here."""

@@ -14,6 +14,7 @@ endpoints say so until a poll works again.
 import logging
 import threading
 
+from slimserve import errors as user_errors
 from slimserve.serving.config import files
 from slimserve.serving.core import errors
 from slimserve.serving.core import health as health_lib
@@ -24,7 +25,9 @@ COMPONENT = "model config poller"
 class ConfigFilePoller:
     """Reads `path` every `interval_seconds` and calls apply(config, where) for each
     ModelServerConfig that differs from the last one applied (`loaded`: the one read at
-    start). apply raises ValueError or ServingError when the edit cannot be served."""
+    start). apply raises a UserError or ServingError when the edit cannot be served (a
+    ServingError INTERNAL when the server failed; reload_models has logged its traceback);
+    anything else raised is the poller's own failure."""
 
     def __init__(self, path, interval_seconds, apply, loaded=None, health=None):
         """health: the server's core.health.Health (default: one of its own)."""
@@ -61,7 +64,7 @@ class ConfigFilePoller:
             self._apply(config, self._where)
             self._loaded = config
             self._failed = None
-        except (ValueError, errors.ServingError) as error:
+        except (user_errors.UserError, errors.ServingError) as error:
             self._log_failure(config, getattr(error, "full_message", None) or error)
 
     def _run(self):

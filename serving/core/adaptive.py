@@ -1,5 +1,5 @@
 """What the batch scheduler learns about each kind of request, and the adaptive policy that
-uses it (core/batching.py; --enable_batching without a parameters file).
+uses it (core/batching/; --enable_batching without a parameters file).
 
 TF Serving's batching runs a batch when it is full or its oldest request has waited
 batch_timeout_micros, so the right settings depend on the model and on the load: with a

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from slimserve import errors as user_errors
 from slimserve.serving.core import empty_batch
 from slimserve.serving.core import errors
 from slimserve.serving.core import shape_check
@@ -195,7 +196,7 @@ class InferenceService:
                  max_request_elements=tensors.DEFAULT_MAX_REQUEST_ELEMENTS,
                  max_broadcast_elements=tensors.DEFAULT_MAX_BROADCAST_ELEMENTS,
                  method_name_check=False, request_logs=None, window=None, in_flight=None):
-        """batcher: core/batching.py's Batcher (None: every request runs alone). metrics:
+        """batcher: the Batcher of core/batching/ (None: every request runs alone). metrics:
         observability/metrics.py's Metrics (None: not counted).
         max_request_elements / max_broadcast_elements: per-request element limits
         (serving/core/tensors.py says why). method_name_check:
@@ -243,7 +244,10 @@ class InferenceService:
         except errors.ServingError as error:
             status = error.code.name
             raise
-        except Exception:
+        except user_errors.UserError:  # answered INVALID_ARGUMENT by the API layers
+            status = "INVALID_ARGUMENT"
+            raise
+        except Exception:  # a bug: answered INTERNAL
             status = "INTERNAL"
             raise
         finally:

@@ -183,7 +183,7 @@ class ModelManager:
           on_load: callback(name, version, path, ok, load_seconds, warmup_seconds) after
             every load attempt (warmup_seconds None when no warmup ran).
           batching_for: callback(version dir) -> the version's batching parameters
-            (core/batching.py's parameters_for_version), set on each loaded servable; a
+            (core/batching/parameters.py's parameters_for_version), set on each loaded servable; a
             failure fails the load.
           health: the server's core.health.Health, which the version poller, the model
             loader, the unload workers and broken servables report to (default: one of
@@ -490,7 +490,7 @@ class ModelManager:
         """
         try:
             _check_unique(configs)
-        except ValueError as error:
+        except user_errors.UserError as error:
             raise errors.invalid("%s", error) from None
         with self._poll_lock:
             with self._lock:

@@ -75,7 +75,7 @@ class Servable:
         self.name = name
         self.version = version
         self.path = path
-        # This version's own BatchingParameters (core/batching.py; None: the server's),
+        # This version's own BatchingParameters (core/batching/parameters.py; None: the server's),
         # set by the manager after loading.
         self.batching_parameters = None
         self._in_flight = 0

@@ -15,7 +15,7 @@ What TF Serving does, and so this does:
   (waiting for one if all are busy), resizes its inputs to the request's shapes when they
   differ (the model's graph decides what runs), invokes and returns it.
 - `--num_tflite_interpreters_per_pool` > 1 puts TF Serving's batch scheduler in front,
-  the server's one scheduler (core/batching.py, as TF Serving's TfLiteSession reuses its
+  the server's one scheduler (core/batching/, as TF Serving's TfLiteSession reuses its
   BasicBatchScheduler): a request's rows are split into pieces of at most 500 / n rows
   (or the model's fixed batch size), pieces of concurrent requests with the same inputs
   are merged up to that size, and one batch thread per interpreter runs them in parallel,
@@ -71,7 +71,7 @@ class TfLiteOptions:
         bound=fields.Bound(0, INITIAL_BATCH_SIZE), flag="num_tflite_interpreters_per_pool")
 
     def check(self):
-        """Returns self; a UserError (a ValueError) naming the flag out of bounds."""
+        """Returns self; a UserError naming the flag out of bounds."""
         return fields.check(self)
 
 
@@ -218,7 +218,7 @@ def scheduling_parameters(num_interpreters, num_interpreters_per_pool, model_bat
 
 class TfLiteSession:
     """One TFLite model: its signatures and a pool of interpreters (TfLiteSession); with
-    num_interpreters_per_pool > 1, a Batcher (core/batching.py) in front of the pool.
+    num_interpreters_per_pool > 1, a Batcher (core/batching/) in front of the pool.
 
     An interpreter that fails otherwise than TF Serving's checks (anything but a
     ServingError: the runtime itself) fails its request with INTERNAL and is replaced by

@@ -32,6 +32,7 @@ from typing import Dict, Optional
 from prometheus_client.core import GaugeMetricFamily
 
 from slimserve import fields
+from slimserve import errors as user_errors
 from slimserve.serving.core import errors
 from slimserve.serving.observability import drift as drift_lib
 from slimserve.serving.observability import drift_pipeline
@@ -146,7 +147,7 @@ class DriftMonitor:
             try:
                 selection = drift_pipeline.select(pattern, name, version,
                                                   self.options.max_images)
-            except (ValueError, OSError) as error:  # no log file yet: a UserError
+            except (user_errors.UserError, OSError) as error:  # no log file yet
                 return VersionDrift(name, version, now, note=str(error))
             if not selection.images:
                 return VersionDrift(name, version, now, note="no logged traffic yet")

@@ -253,7 +253,7 @@ def iter_indexed(pattern, scan, progress=None):
                            "PredictionLog (another program's TFRecords?); the file is "
                            "skipped from there" % read)
             continue
-        except (ValueError, tf.errors.OpError, OSError) as error:
+        except (errors.UserError, ValueError, tf.errors.OpError, OSError) as error:
             scan.skip_file(path, DAMAGED, "%s; its later records are skipped"
                            % getattr(error, "message", error))
             continue

@@ -18,7 +18,7 @@ escaping and sample formatting are the library's). What is exported:
   :slimserve:serving:model_runtime {model_name, model_version, precision, xla_cpu_jit,
   runtime},
   and what the batch scheduler chose and learned per {model_name, version,
-  signature_name} (core/batching.py, core/adaptive.py): the batch sizes it ran and each
+  signature_name} (core/batching/, core/adaptive.py): the batch sizes it ran and each
   request's queue delay (histograms), the cost of a run per batch size
   {batch_size, runs="alone"|"overlapped"}, the requests it counts in the system, their
   arrival rate, its plan (parallel runs, target batch size) and its bound on a hold.

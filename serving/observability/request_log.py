@@ -43,6 +43,7 @@ import grpc
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
+from slimserve import errors
 from slimserve import fields
 from slimserve.serving import limits
 from slimserve.serving.core import health as health_lib
@@ -66,19 +67,19 @@ class _Flush:
 
 
 def check_prefix(filename_prefix):
-    """Raises ValueError unless `filename_prefix` can name local log files."""
+    """Raises a UserError unless `filename_prefix` can name local log files."""
     if not filename_prefix:
-        raise ValueError("logging_config: log_collector_config.filename_prefix is empty")
+        raise errors.UserError("logging_config: log_collector_config.filename_prefix is empty")
     if "://" in filename_prefix:
-        raise ValueError("logging_config: filename_prefix %r is a URL; request logs are "
+        raise errors.UserError("logging_config: filename_prefix %r is a URL; request logs are "
                          "written to local files" % filename_prefix)
     if "\0" in filename_prefix:
-        raise ValueError("logging_config: filename_prefix contains a NUL byte")
+        raise errors.UserError("logging_config: filename_prefix contains a NUL byte")
 
 
 def check_sampling_rate(sampling_rate):
     if not 0.0 <= sampling_rate <= 1.0:
-        raise ValueError("logging_config: sampling_rate must be in [0, 1], got %r"
+        raise errors.UserError("logging_config: sampling_rate must be in [0, 1], got %r"
                          % sampling_rate)
 
 
@@ -86,23 +87,23 @@ def resolve_prefix(filename_prefix, log_dir=None):
     """The absolute prefix (directories resolved, symlinks included) that a configured
     `filename_prefix` writes to. With `log_dir` (--request_log_dir, itself resolved) it
     must lie inside it: a relative prefix is joined to it; an absolute one outside it, or
-    one that escapes it with `..` or a symlink, is a ValueError."""
+    one that escapes it with `..` or a symlink, is a UserError."""
     check_prefix(filename_prefix)
     directory, base = os.path.split(filename_prefix)
     if base in (".", ".."):
-        raise ValueError("logging_config: filename_prefix %r ends in %r, not in a file name "
+        raise errors.UserError("logging_config: filename_prefix %r ends in %r, not in a file name "
                          "prefix" % (filename_prefix, base))
     if log_dir is None:
         return os.path.join(os.path.realpath(directory or "."), base)
     resolved = os.path.realpath(os.path.join(log_dir, directory))
     if os.path.commonpath([resolved, log_dir]) != log_dir:
-        raise ValueError("logging_config: filename_prefix %r is outside --request_log_dir "
+        raise errors.UserError("logging_config: filename_prefix %r is outside --request_log_dir "
                          "(give a path relative to it)" % filename_prefix)
     return os.path.join(resolved, base)
 
 
 def make_directory(filename_prefix):
-    """Creates the directory of `filename_prefix`; ValueError saying why it cannot."""
+    """Creates the directory of `filename_prefix`; a UserError saying why it cannot."""
     directory = os.path.dirname(filename_prefix)
     if not directory:
         return
@@ -112,10 +113,10 @@ def make_directory(filename_prefix):
         why = error.strerror or str(error)
         if isinstance(error, FileExistsError):
             why = "a file of that name exists"
-        raise ValueError("cannot create the request log directory %s: %s"
+        raise errors.UserError("cannot create the request log directory %s: %s"
                          % (directory, why)) from None
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError("the request log directory %s is not writable" % directory)
+        raise errors.UserError("the request log directory %s is not writable" % directory)
 
 
 def _status_name(error):
@@ -521,7 +522,7 @@ def recover_abandoned(directory, base=""):
                 published.append(published_name(temp))
             else:
                 os.unlink(temp)
-        except (OSError, ValueError) as error:
+        except (OSError, errors.UserError) as error:
             logging.warning("request log: cannot recover %s: %s", temp, error)
         finally:
             os.close(fd)
@@ -551,7 +552,7 @@ class FileReport:
 
 def _records(path, report):
     """The complete records of one TFRecord file; a torn tail is counted in `report`, any
-    other damage is a ValueError naming the file."""
+    other damage is a UserError naming the file."""
     size = os.path.getsize(path)
     try:
         for record in tf.compat.v1.io.tf_record_iterator(path):
@@ -560,7 +561,7 @@ def _records(path, report):
             yield record
     except tf.errors.DataLossError as error:
         if "truncated record" not in str(error):
-            raise ValueError("%s is not a complete TFRecord file of PredictionLog: %s"
+            raise errors.UserError("%s is not a complete TFRecord file of PredictionLog: %s"
                              % (path, getattr(error, "message", error))) from None
     report.torn_bytes = size - report.complete_bytes  # TF stops quietly in a torn header
 
@@ -607,10 +608,10 @@ def iter_logs(pattern, report=None):
         local = "://" not in pattern
         files = [f for f in files if not local or _identity(f) not in seen]
         if not files and not temps:
-            raise ValueError("no request log files match %s" % pattern)
+            raise errors.UserError("no request log files match %s" % pattern)
         for path, recovered in [(f, False) for f in files] + [(t, True) for t, _ in temps]:
             if tf.io.gfile.isdir(path):
-                raise ValueError("%s (matched by %s) is a directory, not a request log file"
+                raise errors.UserError("%s (matched by %s) is a directory, not a request log file"
                                  % (path, pattern))
             file_report = FileReport(path, recovered=recovered)
             if local:
@@ -642,7 +643,7 @@ def _remote_records(path, report):
             report.records += 1
             yield record
     except tf.errors.DataLossError as error:
-        raise ValueError("%s is not a complete TFRecord file of PredictionLog: %s"
+        raise errors.UserError("%s is not a complete TFRecord file of PredictionLog: %s"
                          % (path, getattr(error, "message", error))) from None
 
 

@@ -59,7 +59,7 @@ class RequestLogs:
     def plan(self, configs, where, from_operator):
         """{model: (resolved filename_prefix, sampling_rate)} for the configs'
         logging_config, checked and with their directories made, before anything changes.
-        Raises a UserError (a ValueError) naming `where`, the model and the prefix."""
+        Raises a UserError naming `where`, the model and the prefix."""
         plan = {}
         for config in configs:
             logging_config = getattr(config, "logging_config", None)
@@ -74,16 +74,16 @@ class RequestLogs:
                 request_log.check_sampling_rate(rate)
                 if not from_operator and self.log_dir is None and \
                         prefix not in self._operator_prefixes:
-                    raise ValueError(
+                    raise errors.UserError(
                         "filename_prefix %r is not a request log location this server's own "
                         "config names; a ReloadConfigRequest may choose where logs go only "
                         "under --request_log_dir" % collector.filename_prefix)
                 try:
                     request_log.make_directory(prefix)
-                except ValueError as error:
-                    raise ValueError("filename_prefix %r: %s"
+                except errors.UserError as error:
+                    raise errors.UserError("filename_prefix %r: %s"
                                      % (collector.filename_prefix, error)) from None
-            except ValueError as error:
+            except errors.UserError as error:
                 raise errors.UserError("%s: model %s: %s" % (where, config.name, error)) \
                     from None
             plan[config.name] = (prefix, rate)
@@ -118,7 +118,7 @@ class RequestLogs:
             self._operator_prefixes = frozenset(prefix for prefix, _ in plan.values())
 
     def update(self, configs, where, from_operator):
-        """plan() then apply(): the loggers `configs` ask for, or a ValueError and no
+        """plan() then apply(): the loggers `configs` ask for, or a UserError and no
         change."""
         self.apply(self.plan(configs, where, from_operator), from_operator)
 

@@ -124,7 +124,7 @@ def predict_classes(client, inputs, signature_name, concurrency):
             outputs = client.predict({client.input_key: [value]}, signature_name)
             classes, scores = image_classifier.decision(outputs)  # as the canary decides
             return classes[0], None if scores is None else np.asarray(scores[0], np.float64)
-        except (grpc.RpcError, ValueError, Stopping) as error:
+        except (grpc.RpcError, errors.UserError, ValueError, Stopping) as error:
             failures.append(error.details() if isinstance(error, grpc.RpcError) else str(error))
             return None
 

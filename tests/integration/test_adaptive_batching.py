@@ -1,4 +1,4 @@
-"""The adaptive batch scheduler (core/adaptive.py through core/batching.py): what
+"""The adaptive batch scheduler (core/adaptive.py through core/batching/): what
 --enable_batching does without a parameters file. Every assertion about waiting reads the
 scheduler's own records (adaptive.Decision: why each batch ran, the latest start any
 decision allowed it), never a wall clock: a lone request runs without a hold, a burst
@@ -20,6 +20,7 @@ from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
 from slimserve.serving.core import adaptive
 from slimserve.serving.core import batching
+from slimserve.serving.core.batching import queue as batching_queue
 from slimserve.serving.core import deadlines
 from slimserve.serving.core import errors
 from slimserve.serving.core import servable as servable_lib
@@ -471,13 +472,13 @@ def test_arrivals_into_a_hold_do_not_each_wake_a_batch_thread(flat, monkeypatch)
     3). Read on the real scheduler: a quarter of the arrivals or more wake no thread, and
     yet no row waits past the bound and the holds still gather rows."""
     woke = []
-    wakes = batching._Queue.wakes  # pylint: disable=protected-access
+    wakes = batching_queue.Queue.wakes
 
     def recorded(self):
         woke.append(wakes(self))
         return woke[-1]
 
-    monkeypatch.setattr(batching._Queue, "wakes", recorded)  # pylint: disable=protected-access
+    monkeypatch.setattr(batching_queue.Queue, "wakes", recorded)
     clients, each = 16, 8
     batcher = batching.Batcher(_adaptive(0.2))
 
@@ -714,7 +715,7 @@ def test_batch_threads_that_cannot_recover_are_reported(tmp_path, monkeypatch, c
     server = serve_in_process([model_config.ServedModel("tiny", base)], rest_api_port=0,
                               enable_batching=True, enable_model_warmup=False,
                               enable_grpc_healthcheck_service=True)
-    monkeypatch.setattr(batching._Queue, "decide", broken)  # pylint: disable=protected-access
+    monkeypatch.setattr(batching_queue.Queue, "decide", broken)
     client = client_lib.Client("127.0.0.1:%d" % server.port, model_name="tiny", retries=0)
     try:
         with caplog.at_level(logging.ERROR):

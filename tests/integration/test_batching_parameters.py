@@ -136,7 +136,7 @@ def test_large_batch_splitting_and_max_execution_batch_size(probe):
 def test_parameters_tf_serving_refuses_are_refused(tmp_path, text, expected):
     path = tmp_path / "batching.config"
     path.write_text(text)
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(user_errors.UserError) as raised:
         batching.BatchingParameters.from_file(str(path))
     assert "--batching_parameters_file %s" % path in str(raised.value)
     assert expected in str(raised.value)
@@ -150,7 +150,7 @@ def test_every_field_is_read(tmp_path):
                     "allowed_batch_sizes: 8 pad_variable_length_inputs: true "
                     "enable_large_batch_splitting { value: true } "
                     "max_execution_batch_size { value: 4 }")
-    with pytest.raises(ValueError):  # 0 enqueued batches is refused with splitting...
+    with pytest.raises(user_errors.UserError):  # 0 enqueued batches is refused with splitting...
         batching.BatchingParameters.from_file(str(path))
     path.write_text(path.read_text().replace("enable_large_batch_splitting { value: true }",
                                              ""))
@@ -296,7 +296,7 @@ def test_bad_platform_config_names_the_file(tmp_path, text, expected):
             settings.bundle)), messages.PlatformConfigMap, "round trip")
         assert platform.from_platform_config(again).batching == settings.batching
         return
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(user_errors.UserError) as raised:
         platform.bundle_settings(_options(platform_config_file=str(path)))
     assert "--platform_config_file %s" % path in str(raised.value)
     assert expected in str(raised.value)

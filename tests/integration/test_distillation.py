@@ -86,16 +86,18 @@ def test_the_input_pipeline_hands_teacher_rows_to_the_model_zeros_without(distil
     merged, _ = distilled
     config = train_config.TrainConfig(
         data=train_config.DataOptions(data_dir=merged),
-        input=train_config.InputOptions(image_size=32, batch_size=64))
-    train_input, _ = config.input_configs(config.preprocess())
+        input=inputs.InputConfig(image_size=32, batch_size=64))
+    preprocess = config.preprocess()
     features, labels = next(iter(inputs.make_input_fn(
-        merged, "train", True, train_input, teacher_classes=len(CLASSES))()))
+        merged, "train", True, config.input, preprocess, config.run.seed,
+        teacher_classes=len(CLASSES))()))
     teacher = features["teacher"].numpy()
     assert teacher.shape == (64, len(CLASSES)) and labels.shape == (64,)
     sums = teacher.sum(axis=1)
     assert np.all((np.abs(sums - 1.0) < 1e-4) | (sums == 0.0))
     assert (sums == 0.0).any() and (sums > 0).any()  # new labels and original images mixed
-    plain, _ = next(iter(inputs.make_input_fn(merged, "train", True, train_input)()))
+    plain, _ = next(iter(inputs.make_input_fn(merged, "train", True, config.input,
+                                              preprocess, config.run.seed)()))
     assert set(plain) == {"image"}
 
 

@@ -13,6 +13,7 @@ import time
 import pytest
 import tensorflow as tf
 
+from slimserve import errors as user_errors
 from slimserve.export import versions
 from tests import helpers
 
@@ -145,7 +146,7 @@ def test_versions_and_claims_through_tf_gfile_on_a_non_posix_file_system():
 
 @pytest.mark.parametrize("keep", [0, -1, 1.5, None])
 def test_exports_to_keep_below_one_is_refused_by_name(keep):
-    with pytest.raises(ValueError, match="--exports_to_keep"):
+    with pytest.raises(user_errors.UserError, match="--exports_to_keep"):
         versions.check_exports_to_keep(keep)
 
 
@@ -156,7 +157,7 @@ def test_prune_keeps_the_newest(tmp_path):
     (base / ".tmp-13").mkdir()
     assert versions.prune_versions(str(base), 2) == [3, 7]
     assert sorted(os.listdir(base)) == [".tmp-13", "10", "12"]
-    with pytest.raises(ValueError, match="--exports_to_keep"):
+    with pytest.raises(user_errors.UserError, match="--exports_to_keep"):
         versions.prune_versions(str(base), 0)
     assert sorted(os.listdir(base)) == [".tmp-13", "10", "12"]
 

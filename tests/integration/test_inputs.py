@@ -13,11 +13,18 @@ from slimserve.estimator import schema
 from slimserve.estimator import splits
 
 
-def _config(style=preprocessing.VGG, **overrides):
-    values = dict(preprocess=preprocessing.Spec(32, style, central_fraction=1.0),
-                  batch_size=16, seed=1, random_flip=False, area_range=(0.85, 1.0))
-    values.update(overrides)
-    return inputs.InputConfig(**values)
+SEED = 1
+
+
+def _config(batch_size=16, **overrides):
+    """The flags' config, one batch size for training and evaluation."""
+    return inputs.InputConfig(**dict(dict(batch_size=batch_size, eval_batch_size=batch_size,
+                                          random_flip=False, min_crop_area=0.85),
+                                     **overrides))
+
+
+def _spec(style=preprocessing.VGG):
+    return preprocessing.Spec(32, style, central_fraction=1.0)
 
 
 def _labels(input_fn, batches=None):
@@ -29,7 +36,7 @@ def _labels(input_fn, batches=None):
 
 def test_eval_pass_returns_every_example_in_a_fixed_order(digits_data):
     expected = splits.read_images(digits_data, "validation")[1]
-    input_fn = inputs.make_input_fn(digits_data, "validation", False, _config())
+    input_fn = inputs.make_input_fn(digits_data, "validation", False, _config(), _spec(), SEED)
     first, second = _labels(input_fn), _labels(input_fn)
     assert first.tolist() == second.tolist()  # deterministic interleave
     assert sorted(first.tolist()) == sorted(expected)
@@ -40,7 +47,7 @@ def test_shapes_dtypes_and_value_ranges(digits_data):
                              (preprocessing.INCEPTION, -1.0, 1.0)):
         for training in (True, False):
             input_fn = inputs.make_input_fn(digits_data, "train" if training else "validation",
-                                            training, _config(style=style))
+                                            training, _config(), _spec(style), SEED)
             features, labels = next(iter(input_fn()))
             image = features["image"].numpy()
             assert image.shape == (16, 32, 32, 3)
@@ -53,8 +60,9 @@ def test_shapes_dtypes_and_value_ranges(digits_data):
 
 def test_training_order_is_fixed_by_the_seed_when_deterministic(digits_data):
     def labels(seed):
-        config = _config(seed=seed, deterministic=True)
-        return _labels(inputs.make_input_fn(digits_data, "train", True, config), 5).tolist()
+        config = _config(deterministic_input=True)
+        return _labels(inputs.make_input_fn(digits_data, "train", True, config, _spec(), seed),
+                       5).tolist()
 
     one, same, other = labels(1), labels(1), labels(2)
     assert one == same  # the same seed gives the same order, example for example
@@ -69,11 +77,12 @@ def test_a_data_dir_without_its_info_file_is_refused(digits_data, tmp_path):
         if name != "dataset_info.json":
             os.symlink(os.path.join(digits_data, name), partial / name)
     with pytest.raises(dataset.DatasetError, match="dataset_info.json.*not a finished"):
-        inputs.make_input_fn(str(partial), "train", True, _config())
+        inputs.make_input_fn(str(partial), "train", True, _config(), _spec(), SEED)
 
 
 def test_training_drops_remainder_and_repeats(digits_data):
-    input_fn = inputs.make_input_fn(digits_data, "train", True, _config(batch_size=100))
+    input_fn = inputs.make_input_fn(digits_data, "train", True, _config(batch_size=100), _spec(),
+                                    SEED)
     batches = list(input_fn().take(20))  # 2,000 > 1,438 examples: it repeats
     assert all(b[1].shape[0] == 100 for b in batches)
 
@@ -92,14 +101,14 @@ def test_truncated_shard_is_an_error_naming_the_file(tmp_path, digits_data):
     with open(files[1], "r+b") as handle:
         handle.truncate(size - 100)
     with pytest.raises(dataset.DatasetError, match=os.path.basename(files[1]) + ".*truncated"):
-        inputs.make_input_fn(str(tmp_path), "validation", False, _config())
+        inputs.make_input_fn(str(tmp_path), "validation", False, _config(), _spec(), SEED)
 
 
 def test_missing_shard_is_an_error_naming_the_file(tmp_path, digits_data):
     files = _copy_shards(digits_data, str(tmp_path))
     os.remove(files[0])
     with pytest.raises(dataset.DatasetError, match="missing shard.*validation-00000-of-00002"):
-        inputs.make_input_fn(str(tmp_path), "validation", False, _config())
+        inputs.make_input_fn(str(tmp_path), "validation", False, _config(), _spec(), SEED)
 
 
 def test_corrupt_image_in_shard_is_skipped_not_fatal(tmp_path, digits_data):
@@ -114,5 +123,5 @@ def test_corrupt_image_in_shard_is_skipped_not_fatal(tmp_path, digits_data):
     total = sum(1 for f in files for _ in tf.compat.v1.io.tf_record_iterator(f))
     for training in (False, True):
         input_fn = inputs.make_input_fn(str(tmp_path), "validation", training,
-                                        _config(batch_size=1), num_epochs=1)
+                                        _config(batch_size=1), _spec(), SEED, num_epochs=1)
         assert len(_labels(input_fn)) == total - 1

@@ -97,8 +97,9 @@ def test_frozen_weights_and_bn_statistics_stay_bit_identical(imagenet_checkpoint
     estimator = tf.estimator.Estimator(
         model.model_fn, model_dir=str(tmp_path / "run"), params=dataclasses.asdict(config),
         config=tf.estimator.RunConfig(tf_random_seed=1, save_checkpoints_steps=1000))
-    input_fn = inputs.make_input_fn(digits_data, "train", True, inputs.InputConfig(
-        preprocess=preprocessing.Spec(32, preprocessing.VGG), batch_size=8, seed=1))
+    input_fn = inputs.make_input_fn(digits_data, "train", True,
+                                    inputs.InputConfig(batch_size=8),
+                                    preprocessing.Spec(32, preprocessing.VGG), seed=1)
     estimator.train(input_fn, max_steps=4)
     before = tf.train.load_checkpoint(imagenet_checkpoint)
     after = tf.train.load_checkpoint(estimator.latest_checkpoint())

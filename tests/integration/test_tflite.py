@@ -20,6 +20,7 @@ from tensorflow_serving.apis import model_service_pb2_grpc
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from slimserve import errors as user_errors
 from slimserve.serving.config.model_config import ServedModel
 from slimserve.serving.core import errors
 from slimserve.serving.core import tflite_model
@@ -175,7 +176,7 @@ def test_interpreters_per_pool_split_large_requests_and_merge_small_ones(plain_b
     the pool; every request gets exactly its own rows back."""
     servable = tflite_servable.TfLiteServable.load(
         os.path.join(plain_base, "123"), tflite_servable.TfLiteOptions(2, 4))
-    batcher = servable.session.batcher  # the server's one scheduler, core/batching.py
+    batcher = servable.session.batcher  # the server's one scheduler, core/batching/
     try:
         _, signature = servable.signature("")
         rows = np.arange(300, dtype=np.float32).reshape(300, 1)
@@ -220,9 +221,9 @@ def test_the_scheduler_queue_is_bounded_per_interpreter(plain_base):
 
 
 def test_options_are_bounded():
-    with pytest.raises(ValueError, match="--num_tflite_pools"):
+    with pytest.raises(user_errors.UserError, match="--num_tflite_pools"):
         tflite_servable.TfLiteOptions(10 ** 6, 1).check()
-    with pytest.raises(ValueError, match="--num_tflite_interpreters_per_pool"):
+    with pytest.raises(user_errors.UserError, match="--num_tflite_interpreters_per_pool"):
         tflite_servable.TfLiteOptions(1, -1).check()
 
 

@@ -4,6 +4,7 @@ pool of every model session (TF Serving's own build registers no factory at all)
 import numpy as np
 import pytest
 
+from slimserve import errors as user_errors
 from slimserve.serving import options as options_lib
 from slimserve.serving.clients import client as client_lib
 from slimserve.serving.config import model_config
@@ -54,7 +55,7 @@ def test_what_cannot_map_is_refused_naming_the_file(tmp_path, text, session_text
     path.write_text(text)
     session = tmp_path / "session.config"
     session.write_text(session_text)
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(user_errors.UserError) as raised:
         session_lib.session_config(options_lib.ServerOptions(
             thread_pool_factory_config_file=str(path),
             tensorflow_session_config_file=str(session)))

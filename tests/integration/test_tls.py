@@ -19,6 +19,7 @@ from cryptography.x509.oid import NameOID
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from slimserve import errors as user_errors
 from slimserve.serving.config import model_config  # pylint: disable=import-outside-toplevel
 from slimserve.serving.api import tls
 from slimserve.serving.config import files as config_files
@@ -151,6 +152,6 @@ def test_bad_ssl_configs_name_the_file_and_field(tmp_path, pki):
     for case, (text, expected) in cases.items():
         path = tmp_path / ("%s.config" % case.replace(" ", "_"))
         path.write_text(text)
-        with pytest.raises(ValueError) as caught:
+        with pytest.raises(user_errors.UserError) as caught:
             tls.check_ssl_config(config_files.read_ssl_config(str(path)), "--ssl_config_file %s" % path)
         assert expected in str(caught.value) and str(path) in str(caught.value), case

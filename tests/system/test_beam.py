@@ -12,6 +12,7 @@ from PIL import Image
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 
+from slimserve import errors as user_errors
 from slimserve.estimator import beam_dataset
 from slimserve.estimator import dataset
 from slimserve.estimator import schema
@@ -145,7 +146,7 @@ def test_beam_plan_follows_seed_and_fraction(images_with_bad_files):
 
 
 def test_unknown_runner_and_missing_beam_are_named(images_with_bad_files, tmp_path):
-    with pytest.raises(ValueError, match="--runner must be one of"):
+    with pytest.raises(user_errors.UserError, match="--runner must be one of"):
         beam_cli.pipeline_options("LocalRunner")
     # Without apache_beam importable the error names the extra to install.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

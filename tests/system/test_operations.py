@@ -13,6 +13,7 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import logging_config_pb2
 
+from slimserve import errors as user_errors
 from slimserve.estimator import splits
 from slimserve.export import warmup
 from slimserve.flywheel import compare
@@ -171,5 +172,5 @@ def test_status_page_over_http_and_in_headless_chromium(tmp_path):
 def test_warmup_falls_back_without_logs_and_refuses_a_broken_log(tmp_path):
     assert warmup.traffic_warmup(str(tmp_path / "nothing-here*")) == []
     (tmp_path / "bad.tfrecord").write_bytes(b"\x00" * 40)
-    with pytest.raises(ValueError, match="bad.tfrecord"):
+    with pytest.raises(user_errors.UserError, match="bad.tfrecord"):
         warmup.traffic_warmup(str(tmp_path / "bad*"))

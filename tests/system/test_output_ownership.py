@@ -13,6 +13,7 @@ import grpc
 import pytest
 import tensorflow as tf
 
+from slimserve import errors as user_errors
 from slimserve.estimator import dataset
 from slimserve.estimator import run_lock
 from slimserve.estimator import schema
@@ -180,6 +181,6 @@ def test_unusable_socket_paths_get_one_line_errors(tmp_path):
                  too_long, len(too_long)),
              str(tmp_path): "exists and is a directory"}
     for path, message in cases.items():
-        with pytest.raises(ValueError, match="--grpc_socket_path .*" + re.escape(message)):
+        with pytest.raises(user_errors.UserError, match="--grpc_socket_path .*" + re.escape(message)):
             server_lib.ModelServer(model_name="tiny", model_base_path=base, port=0,
                                    rest_api_port=0, grpc_socket_path=path)

@@ -22,6 +22,7 @@ from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from slimserve import errors as user_errors
 from slimserve.serving.observability import metrics as metrics_lib
 from slimserve.serving.observability import request_log
 from slimserve.testing import tiny_models
@@ -194,7 +195,7 @@ def test_two_loggers_with_one_prefix_never_share_a_file(tmp_path):
         assert logger.written == 60 and logger.dropped == 0
     assert len(request_log.read_logs(prefix + "*")) == 120
     assert _hidden(tmp_path / "logs") == []
-    with pytest.raises(ValueError, match="is a directory"):  # a pattern too wide: said so
+    with pytest.raises(user_errors.UserError, match="is a directory"):  # a pattern too wide: said so
         request_log.read_logs(str(tmp_path / "*"))
 
 

@@ -12,6 +12,7 @@ from tensorflow_serving.apis import classification_pb2
 from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import predict_pb2
 
+from slimserve import errors as user_errors
 from slimserve.export import warmup
 from slimserve.flywheel import compare
 from slimserve.serving.core import servable as servable_lib
@@ -100,12 +101,12 @@ def test_sampling_and_a_full_queue_never_block_and_are_counted(tmp_path):
 
 
 def test_bad_logging_configs_name_the_field(tmp_path):
-    with pytest.raises(ValueError, match="sampling_rate"):
+    with pytest.raises(user_errors.UserError, match="sampling_rate"):
         request_log.RequestLogger(str(tmp_path / "x"), 1.5)
-    with pytest.raises(ValueError, match="filename_prefix"):
+    with pytest.raises(user_errors.UserError, match="filename_prefix"):
         request_log.RequestLogger("", 1.0)
     (tmp_path / "junk.tfrecord").write_bytes(b"not a tfrecord at all")
-    with pytest.raises(ValueError, match="junk.tfrecord"):
+    with pytest.raises(user_errors.UserError, match="junk.tfrecord"):
         request_log.read_logs(str(tmp_path / "junk*"))
 
 

@@ -144,7 +144,7 @@ def test_batching_file_reads_tf_serving_grammar(tmp_path):
 def test_bad_batching_file_names_flag_file_and_field(tmp_path, text, expected):
     path = tmp_path / "batching.config"
     path.write_text(text)
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(user_errors.UserError) as caught:
         batching.BatchingParameters.from_file(str(path))
     assert "--batching_parameters_file" in str(caught.value)
     assert str(path) in str(caught.value) and expected in str(caught.value)
@@ -165,7 +165,7 @@ def test_monitoring_config_as_tf_serving_reads_it(tmp_path, text, expected):
 def test_bad_monitoring_config_names_the_field(tmp_path):
     path = tmp_path / "monitoring.config"
     path.write_text("prometheus_config { enable: true pth: \"/x\" }")
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(user_errors.UserError) as caught:
         server_lib.read_monitoring_path(str(path))
     assert "--monitoring_config_file" in str(caught.value) and '"pth"' in str(caught.value)
 

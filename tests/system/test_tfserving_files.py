@@ -3,6 +3,7 @@ script refuses a path that holds no version."""
 import os
 import subprocess
 
+from slimserve import errors as user_errors
 from slimserve.serving.core import batching
 from slimserve.serving.config import model_config
 from slimserve.serving import server
@@ -30,7 +31,7 @@ def test_bad_batching_file_names_the_flag(tmp_path):
     bad.write_text("max_batch_size: 8\n")
     try:
         batching.BatchingParameters.from_file(str(bad))
-    except ValueError as error:
+    except user_errors.UserError as error:
         assert "--batching_parameters_file" in str(error) and "b.config" in str(error)
     else:
         raise AssertionError("accepted a malformed batching file")

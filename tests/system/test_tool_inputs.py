@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from slimserve import errors as user_errors
 from slimserve.export import warmup
 from slimserve.testing.commands import run_command
 from slimserve.testing.saved_models import signature, write_saved_model
@@ -62,7 +63,7 @@ def test_warmup_from_a_folder_is_a_one_line_error(trained_run, digits_data, tmp_
     """Today: a FailedPreconditionError traceback ("Is a directory") from the reader."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    with pytest.raises(ValueError, match="--warmup_from=%s matches the folder %s; request "
+    with pytest.raises(user_errors.UserError, match="--warmup_from=%s matches the folder %s; request "
                        "logs are files" % (logs, logs)):
         warmup.traffic_warmup(str(logs))
     out = run_command("slimserve.cli.export", "--model_dir", trained_run, "--export_base",

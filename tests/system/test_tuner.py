@@ -16,6 +16,7 @@ from tensorflow_serving.apis import predict_pb2
 
 from slimserve import conventions
 from slimserve import cpu
+from slimserve import errors as user_errors
 from slimserve.serving.core import batching
 from slimserve.serving.observability import request_log
 from slimserve.serving.tuning import batching_tuner
@@ -230,7 +231,7 @@ def test_signature_name_is_checked_and_used_before_any_server_starts(export_dir,
                                                               conventions.IMAGE_BYTES)
     assert tuner_inputs.kind_for(base, "classify") == (tuner_inputs.EXAMPLES,
                                                        conventions.EXAMPLES)
-    with pytest.raises(ValueError, match="predict_images takes images .DT_FLOAT."):
+    with pytest.raises(user_errors.UserError, match="predict_images takes images .DT_FLOAT."):
         tuner_inputs.kind_for(base, "predict_images")
 
 
@@ -240,7 +241,7 @@ def test_comparison_inputs_from_the_validation_split_are_bounded(digits_data):
     examples = tuner_inputs.from_data_dir(digits_data, tuner_inputs.EXAMPLES, 3, 1 << 30)
     parsed = tf.train.Example.FromString(examples[0])
     assert parsed.features.feature[conventions.ENCODED].bytes_list.value[0] == images[0]
-    with pytest.raises(ValueError, match="left of --max_input_mb"):
+    with pytest.raises(user_errors.UserError, match="left of --max_input_mb"):
         tuner_inputs.from_data_dir(digits_data, tuner_inputs.IMAGES, 1000, 2000)
 
 
@@ -261,7 +262,7 @@ def test_comparison_inputs_from_request_logs_split_batches_and_keep_the_signatur
     assert rows == [b"a", b"b", b"c"]
     assert tuner_inputs.from_logs(prefix + "*", "serving_default", tuner_inputs.IMAGES,
                                   conventions.IMAGE_BYTES, 2, 1 << 20) == [b"a", b"b"]
-    with pytest.raises(ValueError, match="no logged request to signature 'classify'"):
+    with pytest.raises(user_errors.UserError, match="no logged request to signature 'classify'"):
         tuner_inputs.from_logs(prefix + "*", "classify", tuner_inputs.IMAGES,
                                conventions.IMAGE_BYTES, 100, 1 << 20)
 
