@@ -4,6 +4,8 @@
     slimserve-predict --model_base_path=gs://b/export --input='gs://b/data/validation-*' \\
         --output=gs://b/preds.jsonl --runner=DataflowRunner \\
         --beam_options="--project=P --region=R --temp_location=gs://b/tmp"
+    slimserve-predict --model_base_path=export/final --input=images/ --output=preds.jsonl \
+        --runtime=openvino --openvino_precision=int8
 """
 import dataclasses
 import json
@@ -16,6 +18,8 @@ from slimserve.serving.tools import beam_inference
 from slimserve.serving.tools import bulk_inputs
 from slimserve.serving.tools import bulk_predict
 from slimserve.serving.tools import bulk_report
+from slimserve.serving.tools import image_classifier
+from slimserve.serving.core import openvino_model
 
 
 @dataclasses.dataclass
@@ -53,6 +57,15 @@ class PredictConfig:
     top_k: int = fields.option(5, "Probabilities kept per image.", fields.Bound(1, 65536))
     signature_name: str = fields.option("serving_default",
                                         "Signature with one input of encoded images.")
+    runtime: str = fields.option(
+        image_classifier.TENSORFLOW, "What runs the network: tensorflow, or openvino (the "
+        "version's openvino/model.xml, converted at load when it has none, as "
+        "slimserve-server --prefer_openvino_model; TensorFlow with one log line where "
+        "OpenVINO cannot).", choices=image_classifier.RUNTIMES)
+    openvino_precision: str = fields.option(
+        openvino_model.FP32, "With --runtime=openvino: fp32; bf16 where the CPU has "
+        "AVX512_BF16 or AMX; int8 from the version's openvino/model_int8.xml (else fp32, "
+        "said in the log).", choices=openvino_model.PRECISIONS)
     beam: BeamOptions = fields.section(BeamOptions)
     progress: bool = fields.option(True, "Show a progress bar (local runs).")
 
@@ -70,13 +83,14 @@ def main(config, args):
         summary = beam_inference.predict_beam(
             config.model_base_path, config.input, config.output, options,
             config.model_version, config.batch_size, config.top_k, config.prediction_log,
-            config.signature_name, max_file_bytes=config.max_file_bytes)
+            config.signature_name, max_file_bytes=config.max_file_bytes,
+            runtime=config.runtime, openvino_precision=config.openvino_precision)
     else:
         summary = bulk_predict.predict_local(
             config.model_base_path, config.input, config.output, config.model_version,
             config.batch_size, config.top_k, config.prediction_log, config.progress,
             config.read_threads, config.signature_name, config.read_ahead,
-            config.max_file_bytes)
+            config.max_file_bytes, config.runtime, config.openvino_precision)
     bulk_report.write_summary(summary, summary_path, config.confusion_matrix)
     brief = {k: summary[k] for k in ("images", "predicted", "errors", "accuracy")
              if k in summary}
