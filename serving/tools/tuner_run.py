@@ -89,7 +89,11 @@ def openvino_candidates(config, tool):
         else:
             print("%s: OpenVINO bf16 left out: this CPU has no AVX512_BF16 or AMX" % tool,
                   file=sys.stderr)
-        version = compare.resolve_model_dir(config.tuning.model_base_path)
+        try:
+            version = compare.resolve_model_dir(config.tuning.model_base_path)
+        except errors.UserError as error:
+            raise errors.UserError("--model_base_path=%s: %s" % (
+                config.tuning.model_base_path, error)) from None
         if openvino_model.has_model(version, openvino_model.INT8_MODEL_FILE):
             wanted.append("int8")
         else:
