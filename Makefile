@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: demo flywheel-demo test unit bench bench-input bench-train bench-serve bench-bulk \
-	bench-warmup bench-pauses bench-runtime bench-flywheel soak clean tfserving-suite
+	bench-warmup bench-pauses bench-runtime bench-openvino bench-flywheel soak clean tfserving-suite
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "slimserve needs Python 3.9-3.11 (TensorFlow 2.15); $(PYTHON) is %d.%d. Run: make PYTHON=python3.11 ..." % v)'
@@ -65,6 +65,11 @@ bench-warmup: $(STAMP)
 # one process per variant (docs/performance.md).
 bench-runtime: $(STAMP)
 	$(PY) benchmarks/bench_runtime_switches.py
+
+# OpenVINO against TensorFlow at 224 and 32x32: in process, served, agreement
+# (docs/performance.md). Not in `make bench`: it trains the digits export first.
+bench-openvino: $(STAMP)
+	$(PY) benchmarks/bench_openvino.py
 
 # Python's full-collection pauses under load, with and without --freeze_loaded_objects.
 bench-pauses: $(STAMP)

@@ -1,6 +1,6 @@
 """Bulk inference on Apache Beam: the same ImageClassifier as the local run
-(serving/clients/image_classifier.py), behind Beam's RunInference (BatchElements batches,
-one model per worker process).
+(serving/clients/image_classifier.py, on TensorFlow or OpenVINO), behind Beam's
+RunInference (BatchElements batches, one model per worker process).
 
     refs -> Reshuffle -> read (files, or every record of a TFRecord shard)
          -> RunInference(SavedModelImageHandler) -> JSON lines [+ PredictionLog TFRecords]
@@ -16,8 +16,10 @@ from slimserve.serving.clients import image_classifier
 
 
 def make_model_handler(path, version, signature_name="serving_default", top_k=5,
-                       prediction_log=False, min_batch_size=1, max_batch_size=32):
-    """A RunInference ModelHandler: ImageInput elements in, output rows (dicts) out."""
+                       prediction_log=False, min_batch_size=1, max_batch_size=32,
+                       runtime=image_classifier.TENSORFLOW, openvino_precision="fp32"):
+    """A RunInference ModelHandler: ImageInput elements in, output rows (dicts) out; the
+    network on `runtime` (tensorflow, or openvino at `openvino_precision`)."""
     from apache_beam.ml.inference import base  # pylint: disable=g-import-not-at-top
 
     class SavedModelImageHandler(base.ModelHandler):
@@ -26,7 +28,8 @@ def make_model_handler(path, version, signature_name="serving_default", top_k=5,
         def load_model(self):
             return image_classifier.ImageClassifier(
                 path, version, signature_name=signature_name, top_k=top_k,
-                prediction_log=prediction_log)
+                prediction_log=prediction_log, runtime=runtime,
+                openvino_precision=openvino_precision)
 
         def run_inference(self, batch, model, inference_args=None):
             del inference_args
@@ -50,7 +53,8 @@ def _json_line(row):
 def predict_beam(model_base_path, input_spec, output, options,
                  model_version=None, batch_size=32, top_k=5, prediction_log=None,
                  signature_name="serving_default",
-                 max_file_bytes=bulk_inputs.DEFAULT_MAX_FILE_BYTES):
+                 max_file_bytes=bulk_inputs.DEFAULT_MAX_FILE_BYTES,
+                 runtime=image_classifier.TENSORFLOW, openvino_precision="fp32"):
     """Scores every input on Beam with these PipelineOptions (slimserve/cli/beam.py makes
     them from the flags); returns the summary of the written JSON lines. Files are read
     as bulk_predict reads them (regular files of at most `max_file_bytes`, else an error
@@ -62,7 +66,8 @@ def predict_beam(model_base_path, input_spec, output, options,
     refs = bulk_inputs.list_inputs(input_spec)
     version, path = bulk_predict.model_path(model_base_path, model_version)
     handler = make_model_handler(path, version, signature_name, top_k, bool(prediction_log),
-                                 max_batch_size=batch_size)
+                                 max_batch_size=batch_size, runtime=runtime,
+                                 openvino_precision=openvino_precision)
     with beam.Pipeline(options=options) as pipeline:
         rows = (pipeline
                 | "Inputs" >> beam.Create(refs)

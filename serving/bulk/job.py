@@ -26,12 +26,13 @@ def run(config):
         summary = beam_inference.predict_beam(
             config.model_base_path, config.input, config.output, options,
             config.model_version, config.batch_size, config.top_k, config.prediction_log,
-            config.signature_name, max_file_bytes=config.max_file_bytes)
+            config.signature_name, max_file_bytes=config.max_file_bytes,
+            runtime=config.runtime, openvino_precision=config.openvino_precision)
     else:
         summary = bulk_predict.predict_local(
             config.model_base_path, config.input, config.output, config.model_version,
             config.batch_size, config.top_k, config.prediction_log, config.progress,
             config.read_threads, config.signature_name, config.read_ahead,
-            config.max_file_bytes)
+            config.max_file_bytes, config.runtime, config.openvino_precision)
     bulk_report.write_summary(summary, summary_path(config), config.confusion_matrix)
     return summary

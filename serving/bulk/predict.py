@@ -10,7 +10,7 @@ summary (serving/bulk/report.py: accuracy, per-class precision and recall,
 confusion matrix, optionally as a PNG).
 
 This module runs it in process (batched, files read ahead on threads, TensorFlow on every
-core); serving/bulk/beam.py runs the same ImageClassifier on Beam's
+core, or the network on OpenVINO with runtime "openvino"); serving/bulk/beam.py runs the same ImageClassifier on Beam's
 RunInference. Needs only a SavedModel: imports nothing from estimator/ or export/.
 
 Bounded and never stuck: at most `read_ahead` files are read ahead of the model (memory
@@ -86,15 +86,20 @@ def check_settings(output, prediction_log, batch_size, read_threads=1,
 def predict_local(model_base_path, input_spec, output, model_version=None, batch_size=32,
                   top_k=5, prediction_log=None, show_progress=True, read_threads=4,
                   signature_name="serving_default", read_ahead=DEFAULT_READ_AHEAD,
-                  max_file_bytes=DEFAULT_MAX_FILE_BYTES):
-    """Scores every input in this process; returns the summary (bulk_report.summarize)."""
+                  max_file_bytes=DEFAULT_MAX_FILE_BYTES, runtime=image_classifier.TENSORFLOW,
+                  openvino_precision="fp32"):
+    """Scores every input in this process (the network on `runtime`: tensorflow, or
+    openvino at `openvino_precision`, as the server runs it); returns the summary
+    (bulk_report.summarize)."""
     check_settings(output, prediction_log, batch_size, read_threads, read_ahead,
                    max_file_bytes)
     refs = bulk_inputs.list_inputs(input_spec)
     version, path = model_path(model_base_path, model_version)
     classifier = image_classifier.ImageClassifier(path, version, signature_name=signature_name,
                                                   top_k=top_k,
-                                                  prediction_log=bool(prediction_log))
+                                                  prediction_log=bool(prediction_log),
+                                                  runtime=runtime,
+                                                  openvino_precision=openvino_precision)
     try:
         score(classifier, refs, output, batch_size, prediction_log, show_progress,
               read_threads, read_ahead, max_file_bytes)

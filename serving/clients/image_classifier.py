@@ -2,7 +2,9 @@
 classifier bulk inference runs, in this process (serving/bulk/predict.py) or behind
 Beam's RunInference (serving/bulk/beam.py).
 
-Loaded through the server's own Servable (so it answers as slimserve-server would), it
+Loaded through the server's own servable (so it answers as slimserve-server would: on
+TensorFlow, or with runtime "openvino" the network on OpenVINO as --prefer_openvino_model
+runs it, a version without an IR converted at load), it
 turns each ImageInput into one row: the class id and name and the top-k probabilities,
 or an `error` for an input that could not be read or decoded. A batch that fails is split
 in halves until the bad image is alone, so one bad image never costs its neighbours'
@@ -24,6 +26,7 @@ from slimserve import conventions
 from slimserve.errors import UserError
 from slimserve.serving.bulk import inputs as bulk_inputs
 from slimserve.serving.core import errors
+from slimserve.serving.core import openvino_servable
 from slimserve.serving.core import servable as servable_lib
 from slimserve.serving.core import version_dirs
 
@@ -33,13 +36,25 @@ CLASS_KEYS = (conventions.CLASSES,)
 SCORE_KEYS = (conventions.PROBABILITIES, conventions.SCORES)
 
 
+TENSORFLOW, OPENVINO = openvino_servable.TENSORFLOW, openvino_servable.OPENVINO
+RUNTIMES = (TENSORFLOW, OPENVINO)
+
+
 class ImageClassifier:
     """A SavedModel's image-bytes signature as a function of a batch of ImageInputs."""
 
     def __init__(self, path, version=0, model_name="resnet",
                  signature_name="serving_default", top_k=5, prediction_log=False,
-                 session_config=None):
-        self.servable = servable_lib.Servable(model_name, version, path, session_config)
+                 session_config=None, runtime=TENSORFLOW, openvino_precision="fp32"):
+        if runtime not in RUNTIMES:
+            raise bulk_inputs.BulkPredictError("--runtime must be one of %s, got %r" % (
+                ", ".join(RUNTIMES), runtime))
+        if runtime == OPENVINO:
+            self.servable = openvino_servable.OpenVinoServable(
+                model_name, version, path, session_config,
+                options=openvino_servable.OpenVinoOptions(precision=openvino_precision))
+        else:
+            self.servable = servable_lib.Servable(model_name, version, path, session_config)
         try:
             self.signature_name, self.signature = self.servable.signature(signature_name)
         except errors.ServingError:

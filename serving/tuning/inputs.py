@@ -113,8 +113,10 @@ def _records(path, budget):
             offset += 16 + length
 
 
-def from_data_dir(data_dir, kind, limit, max_bytes):
-    """Up to `limit` inputs from the validation split of a converted data set."""
+def from_data_dir(data_dir, kind, limit, max_bytes, labels=None):
+    """Up to `limit` inputs from the validation split of a converted data set; when
+    `labels` is a list, each input's (label id, label text) is appended to it (None, ""
+    where the example has none)."""
     files = sorted(tf.io.gfile.glob(conventions.shard_pattern(data_dir, conventions.VALIDATION)))
     if not files:
         raise errors.UserError("--data_dir=%s holds no %s-*-of-* shards (slimserve-convert writes "
@@ -128,6 +130,12 @@ def from_data_dir(data_dir, kind, limit, max_bytes):
             except Exception:  # protobuf's DecodeError
                 raise errors.UserError("%s is not a tf.Example" % where) from None
             value = record if kind == EXAMPLES else _encoded(example, where)
+            if labels is not None:
+                feature = example.features.feature
+                ids = feature[conventions.LABEL].int64_list.value
+                texts = feature[conventions.TEXT].bytes_list.value
+                labels.append((ids[0] if ids else None,
+                               texts[0].decode("utf-8", "replace") if texts else ""))
             rows.append(value)
             used += len(value)
             if len(rows) >= limit:
@@ -181,6 +189,9 @@ class Sources:
     logs: str = ""            # comparison inputs: request logs (a glob)
     compare_limit: int = 500
     max_bytes: int = 256 << 20
+    # [(label id, label text)] of the comparison inputs once read (the validation split's);
+    # None when they carry no labels (request logs, load images)
+    labels: list = dataclasses.field(default=None, init=False)
 
     def check(self):
         """Cheap checks before any server starts."""
@@ -200,7 +211,10 @@ class Sources:
         """(load inputs, comparison inputs, a phrase saying where the latter came from)."""
         compare = source = None
         if self.data_dir:
-            compare = from_data_dir(self.data_dir, kind, self.compare_limit, self.max_bytes)
+            labels = []
+            compare = from_data_dir(self.data_dir, kind, self.compare_limit, self.max_bytes,
+                                    labels)
+            self.labels = labels if all(label is not None for label, _ in labels) else None
             source = "%d validation images of %s" % (len(compare), self.data_dir)
         elif self.logs:
             compare = from_logs(self.logs, signature_name, kind, key, self.compare_limit,

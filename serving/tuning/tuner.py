@@ -1,19 +1,24 @@
-"""One tuner for every serving knob: precision, XLA and batching, measured on this
-machine and guarded by agreement with the fp32 model.
+"""One tuner for every serving knob: runtime (TensorFlow or OpenVINO), precision, XLA,
+OpenVINO's streams and batching, measured on this machine and guarded by agreement with
+the fp32 model and by validation accuracy.
 
 Each setting is served by a fresh `slimserve-server` process started with the flags it
 stands for (`--mixed_precision=bfloat16`, `--xla_cpu_compilation_enabled=true`,
+`--prefer_openvino_model=true --openvino_precision=int8 --openvino_num_streams=2`,
 `--enable_batching` with a TF Serving batching file) and driven by the closed-loop load
 generator with batch-1 requests. Before the load, the same comparison inputs are sent to
-every setting and each answer's class is compared with the baseline's: fp32, no XLA, no
-batching, i.e. the model as exported. A setting agreeing on fewer than `min_agreement` of
-them is rejected whatever its speed. The chosen setting is the fastest accepted one whose
-p99 meets the latency budget without errors.
+every setting and each answer's class is compared with the baseline's: TensorFlow fp32,
+no XLA, no batching, i.e. the model as exported. A setting agreeing on fewer than
+`min_agreement` of them is rejected whatever its speed, and so is one whose accuracy on
+the comparison inputs' labels (the validation split, when given) is more than
+`max_accuracy_drop` below the baseline's. The chosen setting is the fastest accepted one
+whose p99 meets the latency budget without errors.
 
-Search: `staged` first tries every precision x XLA pair at the grid's largest batch and
-longest timeout (where compute dominates, so a faster kernel shows), then the batching
-grid under the fastest accepted pair; `full` measures the whole product. The batching-only
-mode of `slimserve-tune-batching` is the same sweep with one fp32 pair and no guard.
+Search: `staged` first tries every runtime candidate (TensorFlow precision x XLA pairs,
+OpenVINO precision x streams pairs) at the grid's largest batch and longest timeout
+(where compute dominates, so a faster kernel shows), then the batching grid under the
+fastest accepted candidate; `full` measures the whole product. The batching-only mode of
+`slimserve-tune-batching` is the same sweep with one fp32 pair and no guard.
 """
 import concurrent.futures
 import dataclasses
@@ -40,36 +45,59 @@ from slimserve.serving.tuning import inputs as tuner_inputs
 
 # Tuner name -> the server's --mixed_precision value (TF Serving's; '' is fp32).
 PRECISIONS = {"fp32": "", "bf16": "bfloat16"}
+TENSORFLOW, OPENVINO = "tensorflow", "openvino"  # the server's runtimes (core/openvino_servable)
+RUNTIMES = (TENSORFLOW, OPENVINO)
+OPENVINO_PRECISIONS = ("fp32", "bf16", "int8")  # the server's --openvino_precision
 SEARCHES = ("staged", "full")
+DEFAULT_MAX_ACCURACY_DROP = 0.005  # as the export's int8 guard (export/openvino.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One serving configuration: the server flags it adds to the common ones."""
+    """One serving configuration: the server flags it adds to the common ones.
+    `precision` is TensorFlow's (fp32, bf16) or, with runtime "openvino", OpenVINO's
+    (fp32, bf16, int8); `streams` is OpenVINO's (0: its latency hint)."""
     precision: str = "fp32"
     xla: bool = False
     batching: typing.Optional[batching_tuner.Setting] = None  # None: no --enable_batching
     extra_flags: typing.Tuple[str, ...] = ()  # more slimserve-server flags (tests, candidates)
+    runtime: str = TENSORFLOW
+    streams: int = 0
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError("precision must be one of %s, got %r" % (sorted(PRECISIONS),
+        if self.runtime not in RUNTIMES:
+            raise ValueError("runtime must be one of %s, got %r" % (list(RUNTIMES),
+                                                                   self.runtime))
+        allowed = PRECISIONS if self.runtime == TENSORFLOW else OPENVINO_PRECISIONS
+        if self.precision not in allowed:
+            raise ValueError("precision must be one of %s, got %r" % (sorted(allowed),
                                                                      self.precision))
+        if self.runtime == OPENVINO and self.xla:
+            raise ValueError("XLA is TensorFlow's: an OpenVINO setting has none")
 
     def server_flags(self, batching_file=None):
         """The flags, spelled so tensorflow_model_server accepts them too."""
         flags = []
         if self.batching is not None:
             flags += ["--enable_batching=true", "--batching_parameters_file=%s" % batching_file]
-        if PRECISIONS[self.precision]:
+        if self.runtime == OPENVINO:  # slimserve's own flags (TF Serving has none)
+            flags += ["--prefer_openvino_model=true", "--openvino_precision=%s" % self.precision]
+            if self.streams:
+                flags.append("--openvino_num_streams=%d" % self.streams)
+        elif PRECISIONS[self.precision]:
             flags.append("--mixed_precision=%s" % PRECISIONS[self.precision])
         if self.xla:
             flags.append("--xla_cpu_compilation_enabled=true")
         return flags + list(self.extra_flags)
 
+    def candidate(self):
+        """The runtime part of the label: `fp32 no-xla`, `openvino int8 streams 2`."""
+        if self.runtime == OPENVINO:
+            return "openvino %s streams %s" % (self.precision, self.streams or "auto")
+        return "%s %s" % (self.precision, "xla" if self.xla else "no-xla")
+
     def label(self):
-        parts = [self.precision, "xla" if self.xla else "no-xla",
-                 self.batching.label() if self.batching else "no batching"]
+        parts = [self.candidate(), self.batching.label() if self.batching else "no batching"]
         return " ".join(parts + list(self.extra_flags))
 
 
@@ -80,7 +108,8 @@ def setting_of(row):
     """The Setting a result row was measured with."""
     batching = (batching_tuner.Setting(**{k: row[k] for k in batching_tuner.FIELDS})
                 if row["batching"] else None)
-    return Setting(row["precision"], row["xla"], batching, tuple(row["extra_flags"]))
+    return Setting(row["precision"], row["xla"], batching, tuple(row["extra_flags"]),
+                   row.get("runtime", TENSORFLOW), row.get("streams") or 0)
 
 
 class TuningFailed(errors.UserError):
@@ -155,12 +184,22 @@ def agreement(baseline, answers):
     return (agree / compared if compared else 0.0), compared, max_dp
 
 
+def accuracy(answers, labels):
+    """The fraction of the labelled comparison inputs whose answer names the label (its
+    id as text, as a signature without labels.txt answers, or its class text); a failed
+    answer is wrong."""
+    right = sum(1 for answer, (label, text) in zip(answers, labels)
+                if answer is not None and answer[0] in (str(label), text))
+    return right / len(labels) if labels else 0.0
+
+
 class Tuner:
     """Serves and measures settings of one model; keeps the baseline's answers."""
 
     def __init__(self, model_base_path, model_name, sources,
                  signature_name=conventions.DEFAULT_SIGNATURE, concurrency=16, requests=300,
-                 max_seconds=60.0, common_flags=(), guard=True, scratch_dir=None):
+                 max_seconds=60.0, common_flags=(), guard=True, scratch_dir=None,
+                 max_accuracy_drop=DEFAULT_MAX_ACCURACY_DROP):
         # the server refuses a relative base path (as TF Serving): resolve it here, once
         self.model_base_path = model_config.absolute(model_base_path)
         self.model_name = model_name
@@ -168,9 +207,12 @@ class Tuner:
         self.concurrency, self.requests, self.max_seconds = concurrency, requests, max_seconds
         self.common_flags = list(common_flags)
         self.scratch_dir = scratch_dir
+        self.max_accuracy_drop = max_accuracy_drop
         self.input_key = self.load_inputs = self.compare_inputs = None
         self.compare_source = ""
+        self.compare_labels = None  # [(label id, label text)] of the comparison inputs
         self.baseline_answers = None
+        self.baseline_accuracy = None
         self._count = 0
 
     def prepare(self):
@@ -179,6 +221,7 @@ class Tuner:
         kind, self.input_key = tuner_inputs.kind_for(self.model_base_path, self.signature_name)
         self.load_inputs, self.compare_inputs, self.compare_source = self.sources.read(
             self.signature_name, kind, self.input_key)
+        self.compare_labels = self.sources.labels
 
     def measure(self, setting):
         """Serves `setting`, compares its answers, loads it; returns the result row. A
@@ -189,11 +232,12 @@ class Tuner:
         if self.guard and self.baseline_answers is None and setting != BASELINE:
             raise RuntimeError("the baseline (%s) must be measured first: it is what every "
                                "setting is compared with" % BASELINE.label())
-        row = {"precision": setting.precision, "xla": setting.xla,
+        row = {"runtime": setting.runtime, "precision": setting.precision, "xla": setting.xla,
+               "streams": setting.streams, "candidate": setting.candidate(),
                "batching": setting.batching is not None,
                "extra_flags": list(setting.extra_flags), "label": setting.label(),
                "agreement": None, "compared": 0, "max_abs_dp": None, "baseline": False,
-               "failure": ""}
+               "accuracy": None, "accuracy_ok": None, "failure": ""}
         row.update({k: getattr(setting.batching, k) if setting.batching else None
                     for k in batching_tuner.FIELDS})
         try:
@@ -222,6 +266,12 @@ class Tuner:
                 row["baseline"] = True
             row["agreement"], row["compared"], row["max_abs_dp"] = agreement(
                 self.baseline_answers, answers)
+            if self.compare_labels:
+                row["accuracy"] = accuracy(answers, self.compare_labels)
+                if row["baseline"]:
+                    self.baseline_accuracy = row["accuracy"]
+                row["accuracy_ok"] = (self.baseline_accuracy - row["accuracy"]
+                                      <= self.max_accuracy_drop + 1e-12)
         return row
 
     def _serve_and_load(self, setting):
@@ -278,9 +328,17 @@ def probe_batching(grid):
     return max(grid, key=lambda s: (s.max_batch_size, s.batch_timeout_micros))
 
 
-def planned(precisions, xla_modes, grid, extra_batchings=(), search="staged", baseline=True):
+def candidates(precisions, xla_modes, openvino=()):
+    """The runtime candidates (Settings without batching): TensorFlow's precision x XLA
+    pairs, then OpenVINO's (precision, streams) pairs."""
+    found = [Setting(p, x) for p in precisions for x in xla_modes]
+    return found + [Setting(p, runtime=OPENVINO, streams=n) for p, n in openvino]
+
+
+def planned(precisions, xla_modes, grid, extra_batchings=(), search="staged", baseline=True,
+            openvino=()):
     """How many settings `sweep` will measure if nothing stops it."""
-    pairs = len(precisions) * len(xla_modes)
+    pairs = len(candidates(precisions, xla_modes, openvino))
     batchings = len(set(grid) | set(extra_batchings))
     if search == "full":
         return int(baseline) + pairs * batchings
@@ -288,15 +346,20 @@ def planned(precisions, xla_modes, grid, extra_batchings=(), search="staged", ba
 
 
 def accepted(row, min_agreement):
-    """Agrees enough with the baseline (or no guard) and answered every request."""
+    """Agrees enough with the baseline (or no guard), lost no more validation accuracy
+    than the tuner allows (where labels are known) and answered every request."""
     agreed = row.get("agreement")
-    return row["errors"] == 0 and (agreed is None or agreed >= min_agreement)
+    return (row["errors"] == 0 and (agreed is None or agreed >= min_agreement)
+            and row.get("accuracy_ok") is not False)
 
 
 def sweep(tuner, precisions, xla_modes, grid, extra_batchings=(), search="staged",
-          min_agreement=0.995, deadline=float("inf"), progress=None, baseline=True):
-    """Measures the baseline (when `baseline`), then the settings of `search`, until done
-    or `deadline` (time.monotonic()) passes; returns the rows in measuring order."""
+          min_agreement=0.995, deadline=float("inf"), progress=None, baseline=True,
+          openvino=()):
+    """Measures the baseline (when `baseline`), then the settings of `search` over the
+    candidates (TensorFlow's precision x XLA, OpenVINO's `openvino` (precision, streams)
+    pairs), until done or `deadline` (time.monotonic()) passes; returns the rows in
+    measuring order."""
     if search not in SEARCHES:
         raise ValueError("search must be one of %s, got %r" % (SEARCHES, search))
     rows = []
@@ -312,24 +375,24 @@ def sweep(tuner, precisions, xla_modes, grid, extra_batchings=(), search="staged
 
     if baseline and not run(BASELINE):
         return rows
-    pairs = [(p, x) for p in precisions for x in xla_modes]
+    pairs = candidates(precisions, xla_modes, openvino)
     if search == "full":
-        for (precision, xla), batching in ((pair, b) for pair in pairs for b in batchings):
-            if not run(Setting(precision, xla, batching)):
+        for pair, batching in ((pair, b) for pair in pairs for b in batchings):
+            if not run(dataclasses.replace(pair, batching=batching)):
                 break
         return rows
     probe = probe_batching(grid)
     stage1 = []
-    for precision, xla in pairs:
-        if not run(Setting(precision, xla, probe)):
+    for pair in pairs:
+        if not run(dataclasses.replace(pair, batching=probe)):
             return rows
-        stage1.append(rows[-1])
-    fine = [r for r in stage1 if accepted(r, min_agreement)]
+        stage1.append((rows[-1], pair))
+    fine = [(r, pair) for r, pair in stage1 if accepted(r, min_agreement)]
     if not fine:
         return rows
-    best = max(fine, key=lambda r: r["images_per_s"])
+    best = max(fine, key=lambda found: found[0]["images_per_s"])[1]
     for batching in batchings:
-        if batching != probe and not run(Setting(best["precision"], best["xla"], batching)):
+        if batching != probe and not run(dataclasses.replace(best, batching=batching)):
             break
     return rows
 
@@ -351,6 +414,8 @@ def verdict(row, latency_budget_ms, min_agreement, best=None):
         return "failed: %s" % row["failure"].replace("|", "/")
     if row.get("agreement") is not None and row["agreement"] < min_agreement:
         return "rejected: agreement < %g" % min_agreement
+    if row.get("accuracy_ok") is False:
+        return "rejected: accuracy drop"
     if row["errors"]:
         return "errors"
     if row["p99_ms"] > latency_budget_ms:
@@ -361,20 +426,24 @@ def verdict(row, latency_budget_ms, min_agreement, best=None):
 def table(rows, latency_budget_ms, min_agreement, best=None):
     """Markdown table of the measured rows."""
     header = ("| precision | XLA | max_batch | timeout us | threads | queue | img/s | p50 ms | "
-              "p99 ms | mean batch | errors | agreement | max abs dp | verdict |")
-    lines = [header, "|" + "---|" * 14]
+              "p99 ms | mean batch | errors | agreement | max abs dp | verdict | accuracy |")
+    lines = [header, "|" + "---|" * 15]
     for r in rows:
         batching = (["%d" % r[k] for k in batching_tuner.FIELDS] if r["batching"]
                     else ["off", "-", "-", "-"])
         agreement_text = "-" if r["agreement"] is None else "%.4f (%d)" % (r["agreement"],
                                                                           r["compared"])
+        openvino = r.get("runtime") == OPENVINO
+        first = ("openvino %s streams %s" % (r["precision"], r.get("streams") or "auto")
+                 if openvino else r["precision"])
         lines.append("| " + " | ".join(
-            [r["precision"] + "".join(" " + f for f in r["extra_flags"]),
-             "on" if r["xla"] else "off"] + batching + [
+            [first + "".join(" " + f for f in r["extra_flags"]),
+             "-" if openvino else "on" if r["xla"] else "off"] + batching + [
                 "%.1f" % r["images_per_s"], "%.1f" % r["p50_ms"], "%.1f" % r["p99_ms"],
                 "%.2f" % r["mean_batch"], "%d" % r["errors"], agreement_text,
                 "-" if r["max_abs_dp"] is None else "%.2g" % r["max_abs_dp"],
-                verdict(r, latency_budget_ms, min_agreement, best)]) + " |")
+                verdict(r, latency_budget_ms, min_agreement, best),
+                "-" if r.get("accuracy") is None else "%.4f" % r["accuracy"]]) + " |")
     return "\n".join(lines)
 
 
@@ -417,8 +486,9 @@ def plot(rows, path, best=None, reference=None, min_agreement=None, latency_budg
     groups = {}
     for r in rows:
         rejected = min_agreement is not None and not accepted(r, min_agreement)
-        key = "rejected (agreement or errors)" if rejected else "%s, XLA %s" % (
-            r["precision"], "on" if r["xla"] else "off")
+        key = "rejected (agreement, accuracy or errors)" if rejected else (
+            "openvino %s" % r["precision"] if r.get("runtime") == OPENVINO else
+            "%s, XLA %s" % (r["precision"], "on" if r["xla"] else "off"))
         groups.setdefault(key, []).append(r)
     colours = iter(_GROUP_COLOURS * 2)
     for key, members in sorted(groups.items()):

@@ -4,6 +4,8 @@
     slimserve-predict --model_base_path=gs://b/export --input='gs://b/data/validation-*' \\
         --output=gs://b/preds.jsonl --runner=DataflowRunner \\
         --beam_options="--project=P --region=R --temp_location=gs://b/tmp"
+    slimserve-predict --model_base_path=export/final --input=images/ --output=preds.jsonl \
+        --runtime=openvino --openvino_precision=int8
 
 The run (local or on Beam, then the summary) is serving/bulk/job.py's.
 """
@@ -16,6 +18,8 @@ from slimserve.cli import logs
 from slimserve.cli.beam import BeamOptions
 from slimserve.serving.bulk import inputs as bulk_inputs
 from slimserve.serving.bulk import job
+from slimserve.serving.clients import image_classifier
+from slimserve.serving.core import openvino_model
 
 
 @dataclasses.dataclass
@@ -53,6 +57,15 @@ class PredictConfig:
     top_k: int = fields.option(5, "Probabilities kept per image.", fields.Bound(1, 65536))
     signature_name: str = fields.option("serving_default",
                                         "Signature with one input of encoded images.")
+    runtime: str = fields.option(
+        image_classifier.TENSORFLOW, "What runs the network: tensorflow, or openvino (the "
+        "version's openvino/model.xml, converted at load when it has none, as "
+        "slimserve-server --prefer_openvino_model; TensorFlow with one log line where "
+        "OpenVINO cannot).", choices=image_classifier.RUNTIMES)
+    openvino_precision: str = fields.option(
+        openvino_model.FP32, "With --runtime=openvino: fp32; bf16 where the CPU has "
+        "AVX512_BF16 or AMX; int8 from the version's openvino/model_int8.xml (else fp32, "
+        "said in the log).", choices=openvino_model.PRECISIONS)
     beam: BeamOptions = fields.section(BeamOptions)
     progress: bool = fields.option(True, "Show a progress bar (local runs).")
 

@@ -53,7 +53,7 @@ def test_small_grid_end_to_end_writes_flags_config_table_and_plot(export_dir, di
         "slimserve.cli.tune", "--model_base_path", os.path.dirname(export_dir),
         "--data_dir", digits_data, "--latency_budget_ms", 100000, "--concurrency", 4,
         "--requests", 40, "--compare_images", COMPARED, "--precisions", "auto", "--xla",
-        "false", "--max_batch_sizes", 8,
+        "false", "--runtimes", "tensorflow", "--max_batch_sizes", 8,
         "--batch_timeouts_micros", 5000, "--num_batch_threads", 1, "--nocompare_documented",
         "--output_flags", flagfile, "--output_config", config, "--output_png", png,
         "--work_dir", tmp_path, "--noprogress", "--max_minutes", 10, timeout=900)
