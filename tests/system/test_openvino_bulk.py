@@ -46,6 +46,7 @@ def tensorflow_rows(export_dir, digits_data, tmp_path_factory):
     return _rows(output)
 
 
+@pytest.mark.cost(20)
 def test_local_and_beam_on_openvino_give_tensorflows_classes(export_dir, digits_data,
                                                              tensorflow_rows, tmp_path,
                                                              caplog, monkeypatch):

@@ -49,6 +49,7 @@ def _serve_flagfile(lines, source):
         server.stop()
 
 
+@pytest.mark.cost(40)
 def test_tensorflow_and_openvino_measured_and_the_choice_served(export_dir, digits_data,
                                                                 tmp_path):
     flagfile, config = tmp_path / "server.flags", tmp_path / "batching.config"
