@@ -76,19 +76,24 @@ def run(config, exclude=(), progress=None):
     ids already decided. progress(n): called per record read. A UserError naming the
     flag when neither is given, no log file matches or the file cannot be read."""
     config = fields.check(config)
+    check_source(config)
     if config.candidates:
         found, skipped = read_candidates(config.candidates, config.max_candidates, exclude)
         scan = log_reader.Scan()
         scan.skipped.update({"candidates file: %s" % k: v for k, v in skipped.items()})
         return Proposal(found, scan, "%d candidate(s) from %s" % (len(found),
                                                                   config.candidates))
-    if not config.logs:
-        raise errors.UserError("give --logs (images proposed from request logs) or "
-                               "--candidates (a file naming them)")
     found, scan = propose(config.logs, config.max_candidates, exclude=exclude,
                           model_name=config.model_name, progress=progress)
     return Proposal(found, scan, "the %d least confident of %s" % (len(found),
                                                                     scan.describe()))
+
+
+def check_source(config):
+    """A UserError naming both flags when `config` gives neither --logs nor --candidates."""
+    if not config.logs and not config.candidates:
+        raise errors.UserError("give --logs (images proposed from request logs) or "
+                               "--candidates (a file naming them)")
 
 
 @dataclasses.dataclass

@@ -2,8 +2,9 @@
 from the request logs (or a --candidates file such as slimserve-drift's), offered on a
 local page until it is stopped.
 
-    outcome = session.run(LabelConfig(logs="/logs/resnet*", output_dir="new_labels/",
-                                      model_base_path="/models/resnet"))
+    outcome = session.run(LabelConfig(
+        source=candidates.CandidatesConfig(logs="/logs/resnet*"), output_dir="new_labels/",
+        model_base_path="/models/resnet"))
 
 `prepare` builds everything but the socket (the page, the store, the lines saying what is
 offered and from where): the tests drive its page as a WSGI app. `run` serves it with
@@ -36,14 +37,8 @@ DEFAULT_PORT = 8502
 @dataclasses.dataclass
 class LabelConfig:
     """slimserve-label's flags."""
-    logs: str = fields.option(
-        None, "Glob of request log files (TFRecords of PredictionLog, as the server's "
-        "logging_config writes them). Without --candidates, the images the model was least "
-        "sure of are proposed from them.")
-    candidates: str = fields.option(
-        None, "JSON-lines file naming the images to label ({\"log\", \"index\", \"item\", "
-        "\"score\", \"reasons\"} per line, e.g. written by slimserve-drift); the highest "
-        "scores are offered first. Without it, the lowest-confidence logged predictions.")
+    # --logs, --candidates, --model_name, --max_candidates: what candidates.run reads
+    source: candidates_lib.CandidatesConfig = fields.section(candidates_lib.CandidatesConfig)
     output_dir: str = fields.option(
         None, "Folder the labels go to: <class>/<request id>.<ext> (ready for "
         "slimserve-convert --input) and provenance.jsonl. The same folder again resumes "
@@ -57,16 +52,11 @@ class LabelConfig:
         "Without it (or --classes), the class names the logged responses carry.")
     classes: tuple = fields.option(
         None, "Class names in class-id order, instead of the model's labels.txt.", kind=list)
-    model_name: str = fields.option(
-        None, "Only requests logged for this model name (default: every logged request).")
     examples_dir: str = fields.option(
         None, "Class-folder tree (e.g. the training images) to show class examples from "
         "when the model version has no reference examples.")
     examples_per_class: int = fields.option(
         3, "Example images shown per class.", bound=fields.Bound(0, 20))
-    max_candidates: int = fields.option(
-        200, "Images offered at most in this run (the highest scores).",
-        bound=fields.Bound(1, 100000))
     host: str = fields.option(
         "127.0.0.1", "Address the page listens on. The default, loopback, keeps it to this "
         "machine; the page has no login, so bind elsewhere only on a trusted network.")
@@ -128,9 +118,7 @@ def _bar(config, description, total=None):
 
 def prepare(config):
     """(LabelPage, Store, summary lines) from the config: everything but the socket."""
-    if not config.logs and not config.candidates:
-        raise errors.UserError("give --logs (images proposed from request logs) or "
-                               "--candidates (a file naming them)")
+    candidates_lib.check_source(config.source)
     labeller = config.labeller or _os_user()
     version_dir = newest_version(config.model_base_path) if config.model_base_path else None
     classes, origin = None, None
@@ -140,19 +128,14 @@ def prepare(config):
         classes = image_classifier.read_model_labels(version_dir) or None
         origin = os.path.join(version_dir, "assets", conventions.LABELS_ASSET)
     decided = store_lib.read_decisions(config.output_dir)
-    scan = log_reader.Scan()
-    if config.candidates:
-        candidates, skipped = candidates_lib.read_candidates(
-            config.candidates, config.max_candidates, exclude=decided)
-        scan.skipped.update({"candidates file: %s" % k: v for k, v in skipped.items()})
-        source = "%d candidate(s) from %s" % (len(candidates), config.candidates)
+    if config.source.candidates:
+        proposal = candidates_lib.run(config.source, exclude=decided)
     else:
-        log_reader.log_files(config.logs)  # none match: one line before any progress
+        log_reader.log_files(config.source.logs)  # none match: one line before any progress
         with _bar(config, "reading request logs") as bar:
-            candidates, scan = candidates_lib.propose(
-                config.logs, config.max_candidates, exclude=decided,
-                model_name=config.model_name, progress=bar.update)
-        source = "the %d least confident of %s" % (len(candidates), scan.describe())
+            proposal = candidates_lib.run(config.source, exclude=decided,
+                                          progress=bar.update)
+    candidates, scan, source = proposal.candidates, proposal.scan, proposal.source
     with _bar(config, "decoding candidates", len(candidates)) as bar:
         items = items_lib.load_items(candidates, scan, config.thumbnail_size,
                                      config.max_image_pixels, config.max_image_bytes,

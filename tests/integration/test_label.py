@@ -94,8 +94,12 @@ def decide(browser, html, rid, choice):
 
 
 def config(**values):
+    """A LabelConfig: --logs/--candidates/--model_name/--max_candidates go to its section."""
     values.setdefault("progress", False)
-    return fields.check(label_session.LabelConfig(**values))
+    source = {name: values.pop(name) for name in ("logs", "candidates", "model_name",
+                                                   "max_candidates") if name in values}
+    return fields.check(label_session.LabelConfig(
+        source=candidates_lib.CandidatesConfig(**source), **values))
 
 
 def provenance(output_dir):

@@ -430,7 +430,8 @@ def test_slimserve_label_offers_drifts_candidates_with_the_reference_examples(
                     "--output_dir", tmp_path / "drift", "--max_candidates", 30)
     assert result.code == 0, result.output
     page, _, notes = session.prepare(fields.check(session.LabelConfig(
-        candidates=str(tmp_path / "drift" / "candidates.jsonl"),
+        source=candidates_lib.CandidatesConfig(
+            candidates=str(tmp_path / "drift" / "candidates.jsonl")),
         output_dir=str(tmp_path / "labels"), model_base_path=drift_model, progress=False)))
     assert len(page.items) == 30
     assert any("atypical" in reason for item in page.items.values()
@@ -461,7 +462,7 @@ def test_another_programs_tfrecords_among_the_logs_are_named_skips(drift_model, 
     assert report["skipped"][log_reader.FOREIGN] == 2
     assert sorted(f["log"] for f in report["skipped_files"]) == sorted(foreign)
     page, _, notes = session.prepare(fields.check(session.LabelConfig(
-        logs=pattern, output_dir=str(tmp_path / "labels"), model_base_path=drift_model,
+        source=candidates_lib.CandidatesConfig(logs=pattern), output_dir=str(tmp_path / "labels"), model_base_path=drift_model,
         progress=False)))
     assert page.items and "2 %s" % log_reader.FOREIGN in " ".join(notes)
     compare = ["--baseline", drift_model, "--candidate", drift_model]
