@@ -42,6 +42,19 @@ def flag_values(module_name):
     return values
 
 
+def checked_flags(module_name):
+    """(the command's FlagValues, fields.flags_of(its CONFIG)), once the flags it defines
+    are asserted to be its CONFIG's, by name and default: the command-line tests then
+    compare the help texts."""
+    module = importlib.import_module(module_name)
+    defined = flag_values(module_name)
+    expected = fields.flags_of(module.CONFIG)
+    assert sorted(defined) == sorted(expected), module_name
+    for name, (default, _) in expected.items():
+        assert defined[name].default == default, name
+    return defined, expected
+
+
 def help_text(module_name):
     """What `--help` lists for the command: every flag with its help."""
     return flag_values(module_name).get_help()

@@ -20,15 +20,12 @@ MODULES = COMMANDS + ("slimserve.cli.tuning",)
 
 @pytest.mark.parametrize("module_name", COMMANDS)
 def test_every_flag_is_a_field_of_the_config(module_name):
-    module = importlib.import_module(module_name)
-    values = commands.flag_values(module_name)
-    expected = fields.flags_of(module.CONFIG)
-    assert sorted(values) == sorted(expected)
-    for name, (default, help_text) in expected.items():
-        assert values[name].default == default, name
+    values, expected = commands.checked_flags(module_name)
+    for name, (_, help_text) in expected.items():
         # absl adds "<a|b>: " before an enum's help and "repeat this option" after a
         # repeatable flag's; the text itself is the field's
         assert help_text in values[name].help, name
+    module = importlib.import_module(module_name)
     assert callable(module.main) and list(inspect.signature(module.main).parameters) == [
         "config", "args"]
 
