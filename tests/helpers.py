@@ -87,6 +87,14 @@ def start_server_process(args, prefix=(), timeout=300, **popen):
     return server.process, server.port, server.rest_port
 
 
+def kill_if_running(process):
+    """Kills and reaps a child still running when a test ends (it failed before the child
+    exited), so no test leaves a process behind."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
 def stop_process(process, timeout=30):
     """Terminates a server child started by start_server_process and reaps it, killing it
     if it ignores SIGTERM for `timeout` seconds, so no test leaves a process behind."""

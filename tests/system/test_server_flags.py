@@ -29,7 +29,7 @@ from slimserve.serving import server_process
 from slimserve.serving.core import batching
 from slimserve.testing import commands
 from slimserve.testing import tiny_models
-from tests.helpers import ROOT, start_server_process
+from tests.helpers import ROOT, kill_if_running, start_server_process
 
 TFSERVING = os.path.join(ROOT, "serving", "tfserving")
 
@@ -110,9 +110,7 @@ def test_a_production_tf_serving_command_line_runs_unchanged(tmp_path):
         # Given at its default value it changes nothing, so it is not reported.
         assert "--flush_filesystem_caches" not in errors
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        kill_if_running(process)
 
 
 def test_version_flag_prints_and_exits():
@@ -263,9 +261,7 @@ def test_a_sigterm_delivered_to_another_thread_still_stops_the_server(tmp_path):
         code = process.wait(timeout=30)
         errors = process.stderr.read()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        kill_if_running(process)
     assert code == 0, errors[-3000:]
     assert "signal 15: shutting down gracefully" in errors
 
@@ -298,9 +294,7 @@ def test_a_shutdown_that_hangs_ends_at_its_deadline_with_every_threads_stack(tmp
         code = process.wait(timeout=60)
         errors = process.stderr.read()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        kill_if_running(process)
     assert code == 1, errors[-3000:]
     assert "shutting down gracefully" in errors
     assert "Timeout (0:00:02)!" in errors and "most recent call first" in errors
