@@ -67,6 +67,32 @@ def write_tiny_model(base_path, version=1, weights=WEIGHTS, bias=BIAS, scale=(1.
     return path
 
 
+def write_tiny_versions(base_path, *versions):
+    """Writes the tiny model's `versions` under `base_path` and returns `base_path`."""
+    for version in versions:
+        write_tiny_model(base_path, version)
+    return base_path
+
+
+def predict_version(channel, name, version=None):
+    """The version of model `name` that answered a gRPC Predict of one row of `x`, or the
+    gRPC code it failed with."""
+    import grpc  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from tensorflow_serving.apis import predict_pb2  # pylint: disable=import-outside-toplevel
+    from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=import-outside-toplevel
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    if version is not None:
+        request.model_spec.version.value = version
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.ones([1, 2], np.float32)))
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    try:
+        return stub.Predict(request, timeout=30).model_spec.version.value
+    except grpc.RpcError as error:
+        return error.code()
+
+
 def tiny_example(x0, x1):
     """A serialized tf.Example the classify/regress signatures accept."""
     return tf.train.Example(features=tf.train.Features(feature={

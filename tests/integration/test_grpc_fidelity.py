@@ -31,10 +31,7 @@ ROWS = [(1.0, 2.0), (-3.0, 0.5), (0.0, 0.0)]
 
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory):
-    base = str(tmp_path_factory.mktemp("tiny") / "tiny")
-    tiny_models.write_tiny_model(base, 1)
-    tiny_models.write_tiny_model(base, 2)
-    return base
+    return tiny_models.write_tiny_versions(str(tmp_path_factory.mktemp("tiny") / "tiny"), 1, 2)
 
 
 @pytest.fixture(scope="module")

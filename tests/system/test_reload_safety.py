@@ -7,14 +7,10 @@ import shutil
 import threading
 
 import grpc
-import numpy as np
 import pytest
-import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.apis import model_service_pb2_grpc
-from tensorflow_serving.apis import predict_pb2
-from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from slimserve.serving import server as server_lib
@@ -56,15 +52,7 @@ def _config(*entries):
                              model_server_config_pb2.ModelServerConfig())
 
 
-def _predict(channel, name):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.ones([1, 2], np.float32)))
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    try:
-        return stub.Predict(request, timeout=30).model_spec.version.value
-    except grpc.RpcError as error:
-        return error.code()
+_predict = tiny_models.predict_version
 
 
 def _reload(channel, *entries):

@@ -16,15 +16,11 @@ import sys
 import time
 
 import grpc
-import numpy as np
 import pytest
-import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.apis import model_service_pb2_grpc
-from tensorflow_serving.apis import predict_pb2
-from tensorflow_serving.apis import prediction_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from slimserve import errors as user_errors
@@ -46,10 +42,8 @@ AVAILABLE, END = (get_model_status_pb2.ModelVersionStatus.AVAILABLE,
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A base path with versions 1 and 2 of the tiny model (never changed by a test)."""
-    base = str(tmp_path_factory.mktemp("models") / "tiny")
-    tiny_models.write_tiny_model(base, 1)
-    tiny_models.write_tiny_model(base, 2)
-    return base
+    return tiny_models.write_tiny_versions(str(tmp_path_factory.mktemp("models") / "tiny"),
+                                           1, 2)
 
 
 def _copy(source, base, *versions):
@@ -113,18 +107,7 @@ def _status(channel, name):
     return {s.version: (s.state, s.status.error_code) for s in response.model_version_status}
 
 
-def _predict(channel, name, version=None):
-    """The version that answered Predict, or the gRPC code it failed with."""
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    if version is not None:
-        request.model_spec.version.value = version
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.ones([1, 2], np.float32)))
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    try:
-        return stub.Predict(request, timeout=30).model_spec.version.value
-    except grpc.RpcError as error:
-        return error.code()
+_predict = tiny_models.predict_version
 
 
 def _start_fails(flags):
