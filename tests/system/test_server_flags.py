@@ -238,6 +238,17 @@ def _thread_without_sigterm_blocked(pid):
     return None
 
 
+def _tiny_server_child(tmp_path, label, *flags, **kwargs):
+    """A slimserve-server child serving the tiny model from `tmp_path`, its stderr piped;
+    `kwargs` go to ServerProcess (e.g. another `command`)."""
+    base = str(tmp_path / "tiny")
+    tiny_models.write_tiny_model(base)
+    return server_process.ServerProcess(
+        ["--model_base_path=%s" % base, "--model_name=tiny", "--rest_api_port=0",
+         "--file_system_poll_wait_seconds=0", *flags], label=label,
+        memory_cap=3 * 2 ** 30, stderr=subprocess.PIPE, cwd=ROOT, **kwargs).process
+
+
 @pytest.mark.skipif(platform.machine() not in _TGKILL or not os.path.isdir("/proc/self/task"),
                     reason="tgkill's syscall number is known for x86_64 and aarch64 Linux")
 def test_a_sigterm_delivered_to_another_thread_still_stops_the_server(tmp_path):
@@ -246,12 +257,7 @@ def test_a_sigterm_delivered_to_another_thread_still_stops_the_server(tmp_path):
     main thread, and only once that thread executes bytecode again: a main thread blocked
     in a wait without a timeout never ran it (a clean-clone CI run saw a server that had
     not logged the signal 60 s after SIGTERM)."""
-    base = str(tmp_path / "tiny")
-    tiny_models.write_tiny_model(base)
-    process = server_process.ServerProcess(
-        ["--model_base_path=%s" % base, "--model_name=tiny", "--rest_api_port=0",
-         "--file_system_poll_wait_seconds=0"], label="tgkill", memory_cap=3 * 2 ** 30,
-        stderr=subprocess.PIPE, cwd=ROOT).process
+    process = _tiny_server_child(tmp_path, "tgkill")
     try:
         thread = _thread_without_sigterm_blocked(process.pid)
         assert thread is not None
@@ -281,14 +287,8 @@ server.run()
 
 
 def test_a_shutdown_that_hangs_ends_at_its_deadline_with_every_threads_stack(tmp_path):
-    base = str(tmp_path / "tiny")
-    tiny_models.write_tiny_model(base)
-    process = server_process.ServerProcess(
-        ["--model_base_path=%s" % base, "--model_name=tiny", "--rest_api_port=0",
-         "--file_system_poll_wait_seconds=0", "--shutdown_grace_seconds=0"],
-        label="hanging stop",
-        command=[sys.executable, "-c", _HANGING_STOP], memory_cap=3 * 2 ** 30,
-        stderr=subprocess.PIPE, cwd=ROOT).process
+    process = _tiny_server_child(tmp_path, "hanging stop", "--shutdown_grace_seconds=0",
+                                 command=[sys.executable, "-c", _HANGING_STOP])
     try:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
