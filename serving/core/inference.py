@@ -64,18 +64,28 @@ def _datatype_name(array):
     return types_pb2.DataType.Name(tensors.array_dtype(array).as_datatype_enum)
 
 
-def check_classification_signature(signature_name, sig, method_name_check):
-    """-> output keys to fetch; raises as classifier.cc's PreProcessClassification."""
-    if method_name_check and sig.method_name != CLASSIFY_METHOD:
-        raise errors.invalid("Expected classification signature method_name to be %s. Was: %s",
-                             CLASSIFY_METHOD, sig.method_name)
+def _check_one_input(signature_name, sig, method_name_check, kind, method, outputs,
+                     outputs_error):
+    """The checks classifier.cc and regressor.cc both make first, in their order: the
+    method name (when checked), one input, `outputs` (the allowed output counts; else
+    outputs_error(count)), then the `inputs` key; `kind` names the signature."""
+    if method_name_check and sig.method_name != method:
+        raise errors.invalid("Expected %s signature method_name to be %s. Was: %s",
+                             kind, method, sig.method_name)
     if len(sig.inputs) != 1:
         raise errors.invalid("Expected one input Tensor.")
-    if len(sig.outputs) not in (1, 2):
-        raise errors.invalid("Expected one or two output Tensors, found %d", len(sig.outputs))
+    if len(sig.outputs) not in outputs:
+        raise errors.invalid(outputs_error(len(sig.outputs)))
     if INPUTS not in sig.inputs:
-        raise errors.invalid("No classification inputs found in SignatureDef: %s",
+        raise errors.invalid("No %s inputs found in SignatureDef: %s", kind,
                              _describe(signature_name, sig))
+
+
+def check_classification_signature(signature_name, sig, method_name_check):
+    """-> output keys to fetch; raises as classifier.cc's PreProcessClassification."""
+    _check_one_input(signature_name, sig, method_name_check, "classification",
+                     CLASSIFY_METHOD, (1, 2),
+                     lambda count: "Expected one or two output Tensors, found %d" % count)
     keys = [k for k in (CLASSES, SCORES) if k in sig.outputs]
     if not keys:
         raise errors.invalid("Expected classification signature outputs to contain at least "
@@ -86,16 +96,8 @@ def check_classification_signature(signature_name, sig, method_name_check):
 
 def check_regression_signature(signature_name, sig, method_name_check):
     """-> output keys to fetch; raises as regressor.cc's PreProcessRegression."""
-    if method_name_check and sig.method_name != REGRESS_METHOD:
-        raise errors.invalid("Expected regression signature method_name to be %s. Was: %s",
-                             REGRESS_METHOD, sig.method_name)
-    if len(sig.inputs) != 1:
-        raise errors.invalid("Expected one input Tensor.")
-    if len(sig.outputs) != 1:
-        raise errors.invalid("Expected one output Tensor.")
-    if INPUTS not in sig.inputs:
-        raise errors.invalid("No regression inputs found in SignatureDef: %s",
-                             _describe(signature_name, sig))
+    _check_one_input(signature_name, sig, method_name_check, "regression", REGRESS_METHOD,
+                     (1,), lambda count: "Expected one output Tensor.")
     if OUTPUTS not in sig.outputs:
         raise errors.invalid("No regression outputs found in SignatureDef: %s",
                              _describe(signature_name, sig))
