@@ -1,6 +1,7 @@
 """tensorflow_model_server's command line and config files run slimserve-server unchanged:
 a production-style command line starts it, and its config files parse with TF Serving's
 own text-format grammar (unknown fields named, wrapper values read)."""
+import contextlib
 import ctypes
 import os
 import platform
@@ -238,15 +239,21 @@ def _thread_without_sigterm_blocked(pid):
     return None
 
 
+@contextlib.contextmanager
 def _tiny_server_child(tmp_path, label, *flags, **kwargs):
-    """A slimserve-server child serving the tiny model from `tmp_path`, its stderr piped;
-    `kwargs` go to ServerProcess (e.g. another `command`)."""
+    """A slimserve-server child serving the tiny model from `tmp_path`, its stderr piped,
+    killed if still running when the block ends; `kwargs` go to ServerProcess (e.g.
+    another `command`)."""
     base = str(tmp_path / "tiny")
     tiny_models.write_tiny_model(base)
-    return server_process.ServerProcess(
+    process = server_process.ServerProcess(
         ["--model_base_path=%s" % base, "--model_name=tiny", "--rest_api_port=0",
          "--file_system_poll_wait_seconds=0", *flags], label=label,
         memory_cap=3 * 2 ** 30, stderr=subprocess.PIPE, cwd=ROOT, **kwargs).process
+    try:
+        yield process
+    finally:
+        kill_if_running(process)
 
 
 @pytest.mark.skipif(platform.machine() not in _TGKILL or not os.path.isdir("/proc/self/task"),
@@ -257,8 +264,7 @@ def test_a_sigterm_delivered_to_another_thread_still_stops_the_server(tmp_path):
     main thread, and only once that thread executes bytecode again: a main thread blocked
     in a wait without a timeout never ran it (a clean-clone CI run saw a server that had
     not logged the signal 60 s after SIGTERM)."""
-    process = _tiny_server_child(tmp_path, "tgkill")
-    try:
+    with _tiny_server_child(tmp_path, "tgkill") as process:
         thread = _thread_without_sigterm_blocked(process.pid)
         assert thread is not None
         libc = ctypes.CDLL(None, use_errno=True)
@@ -266,8 +272,6 @@ def test_a_sigterm_delivered_to_another_thread_still_stops_the_server(tmp_path):
                             signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
         code = process.wait(timeout=30)
         errors = process.stderr.read()
-    finally:
-        kill_if_running(process)
     assert code == 0, errors[-3000:]
     assert "signal 15: shutting down gracefully" in errors
 
@@ -287,14 +291,11 @@ server.run()
 
 
 def test_a_shutdown_that_hangs_ends_at_its_deadline_with_every_threads_stack(tmp_path):
-    process = _tiny_server_child(tmp_path, "hanging stop", "--shutdown_grace_seconds=0",
-                                 command=[sys.executable, "-c", _HANGING_STOP])
-    try:
+    with _tiny_server_child(tmp_path, "hanging stop", "--shutdown_grace_seconds=0",
+                            command=[sys.executable, "-c", _HANGING_STOP]) as process:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
         errors = process.stderr.read()
-    finally:
-        kill_if_running(process)
     assert code == 1, errors[-3000:]
     assert "shutting down gracefully" in errors
     assert "Timeout (0:00:02)!" in errors and "most recent call first" in errors
