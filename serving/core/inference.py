@@ -363,32 +363,33 @@ class InferenceService:
     def classify(self, name, version, label, signature_name, serialized_examples,
                  deadline=None):
         """-> (version, signature name, classes [B,C] bytes or None, scores [B,C] or None)."""
-        with self._servable(name, version, label, signature_name) as servable:
-            signature_name, batch, outputs = self._run_examples(
-                servable, signature_name, "classify", check_classification_signature,
-                serialized_examples, deadline)
-            classes, scores = classification_result(batch, outputs.get(CLASSES),
-                                                    outputs.get(SCORES))
-            return servable.version, signature_name, classes, scores
+        version, signature_name, batch, outputs = self._run_examples(
+            (name, version, label, signature_name), "classify",
+            check_classification_signature, serialized_examples, deadline)
+        classes, scores = classification_result(batch, outputs.get(CLASSES),
+                                                outputs.get(SCORES))
+        return version, signature_name, classes, scores
 
     def regress(self, name, version, label, signature_name, serialized_examples,
                 deadline=None):
         """-> (version, signature name, outputs float32 [B])."""
-        with self._servable(name, version, label, signature_name) as servable:
-            signature_name, batch, outputs = self._run_examples(
-                servable, signature_name, "regress", check_regression_signature,
-                serialized_examples, deadline)
-            return servable.version, signature_name, regression_result(batch, outputs[OUTPUTS])
+        version, signature_name, batch, outputs = self._run_examples(
+            (name, version, label, signature_name), "regress", check_regression_signature,
+            serialized_examples, deadline)
+        return version, signature_name, regression_result(batch, outputs[OUTPUTS])
 
-    def _run_examples(self, servable, signature_name, method, check, serialized_examples,
-                      deadline):
-        """Runs a classify or regress signature (`check`ed for `method`) on serialized
-        tf.Examples -> (signature name, batch size, outputs): the same steps for both."""
-        signature_name, sig = servable.signature(signature_name, method)
-        keys = check(signature_name, sig, self.method_name_check)
-        examples = self._examples(serialized_examples)
-        outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys, deadline)
-        return signature_name, len(examples), outputs
+    def _run_examples(self, spec, method, check, serialized_examples, deadline):
+        """Runs a classify or regress signature (`check`ed for `method`) of the servable
+        `spec` (name, version, label, signature name) names on serialized tf.Examples ->
+        (version, signature name, batch size, outputs): the same steps for both; the
+        servable is held only while it runs."""
+        with self._servable(*spec) as servable:
+            signature_name, sig = servable.signature(spec[3], method)
+            keys = check(signature_name, sig, self.method_name_check)
+            examples = self._examples(serialized_examples)
+            outputs = self._run(servable, signature_name, sig, {INPUTS: examples}, keys,
+                                deadline)
+            return servable.version, signature_name, len(examples), outputs
 
     def multi_inference(self, tasks, serialized_examples, version=None, label=None,
                         deadline=None):
