@@ -18,7 +18,7 @@ the plot. Bounded by --max_minutes; SIGTERM / SIGINT stop the server children.
 import dataclasses
 
 from slimserve import fields
-from slimserve.cli import logs
+from slimserve.cli import tuning
 from slimserve.cli.tuning import TuningOptions
 from slimserve.serving.core import openvino_servable
 from slimserve.serving.tuning import run as tuner_run
@@ -86,14 +86,7 @@ class TuneConfig:
 
 CONFIG = TuneConfig
 
-
-def main(config, args):
-    del args
-    tuner_run.tune(config, TOOL)
-
-
-def run():
-    logs.run(main, config=CONFIG)
+main, run = tuning.command(CONFIG, tuner_run.tune, TOOL, __name__)
 
 
 if __name__ == "__main__":

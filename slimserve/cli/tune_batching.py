@@ -11,7 +11,7 @@ command (SIGTERM / SIGINT, or when the command is killed).
 import dataclasses
 
 from slimserve import fields
-from slimserve.cli import logs
+from slimserve.cli import tuning
 from slimserve.cli.tuning import TuningOptions
 from slimserve.serving.tuning import run as tuner_run
 
@@ -28,14 +28,7 @@ class TuneBatchingConfig:
 
 CONFIG = TuneBatchingConfig
 
-
-def main(config, args):
-    del args
-    tuner_run.tune_batching(config, TOOL)
-
-
-def run():
-    logs.run(main, config=CONFIG)
+main, run = tuning.command(CONFIG, tuner_run.tune_batching, TOOL, __name__)
 
 
 if __name__ == "__main__":

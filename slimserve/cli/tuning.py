@@ -1,10 +1,11 @@
 """What slimserve-tune and slimserve-tune-batching share: the load and batching-grid
-flags (TuningOptions, a section of both commands' configs). Running a sweep is the
-library's (serving/tuning/run.py).
+flags (TuningOptions, a section of both commands' configs) and their entry points
+(`command`). Running a sweep is the library's (serving/tuning/run.py).
 """
 import dataclasses
 
 from slimserve import fields
+from slimserve.cli import logs
 from slimserve.serving.tuning.run import CORES
 
 
@@ -48,3 +49,17 @@ class TuningOptions:
     work_dir: str = fields.option(None, "Where a temporary folder for the settings' batching "
                                   "files and server logs is made (default: the system's).")
     progress: bool = fields.option(True, "Show a progress bar.")
+
+
+def command(config_class, tune, tool, module):
+    """(main, run) of a tuner command: main(config, args) runs `tune(config, tool)`
+    (serving/tuning/run.py's tune or tune_batching); run() is its console entry point,
+    with `config_class`'s flags filed under `module` (the command's __name__)."""
+    def main(config, args):
+        del args
+        tune(config, tool)
+
+    def run():
+        logs.run(main, config=config_class, module=module)
+
+    return main, run
