@@ -46,30 +46,16 @@ unit: $(STAMP)
 
 bench: bench-input bench-train bench-serve bench-bulk bench-warmup bench-pauses
 
-bench-input: $(STAMP)
-	$(PY) benchmarks/bench_input.py
-
-bench-train: $(STAMP)
-	$(PY) benchmarks/bench_train.py
-
-bench-serve: $(STAMP)
-	$(PY) benchmarks/bench_serve.py
-
-bench-bulk: $(STAMP)
-	$(PY) benchmarks/bench_bulk.py
-
-bench-warmup: $(STAMP)
-	$(PY) benchmarks/bench_warmup.py
+# bench-NAME runs benchmarks/bench_NAME.py. bench-openvino: OpenVINO against TensorFlow at
+# 224 and 32x32, in process, served, agreement (docs/performance.md); not in `make bench`:
+# it trains the digits export first.
+bench-input bench-train bench-serve bench-bulk bench-warmup bench-openvino: bench-%: $(STAMP)
+	$(PY) benchmarks/bench_$*.py
 
 # TensorFlow's runtime switches (oneDNN, threads, XLA, layout, remapper) side by side,
 # one process per variant (docs/performance.md).
 bench-runtime: $(STAMP)
 	$(PY) benchmarks/bench_runtime_switches.py
-
-# OpenVINO against TensorFlow at 224 and 32x32: in process, served, agreement
-# (docs/performance.md). Not in `make bench`: it trains the digits export first.
-bench-openvino: $(STAMP)
-	$(PY) benchmarks/bench_openvino.py
 
 # Python's full-collection pauses under load, with and without --freeze_loaded_objects.
 bench-pauses: $(STAMP)
