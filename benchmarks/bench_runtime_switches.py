@@ -242,12 +242,9 @@ def parse_args(argv=None):
                              "2-core CPUs measured (docs/performance.md).")
     parser.add_argument("--infer_steps", type=int, default=2,
                         help="Inference batches per variant per round.")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="Rounds in which every variant takes its turn; ratios are the "
-                             "median over rounds.")
-    parser.add_argument("--skip", type=int, default=1,
-                        help="Untimed warm-up steps per variant and workload before the "
-                             "rounds (XLA compiles on the first).")
+    common.add_turn_flags(parser, 5, 1, "variant",
+                          "Untimed warm-up steps per variant and workload before the "
+                          "rounds (XLA compiles on the first).")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

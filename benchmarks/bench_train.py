@@ -173,13 +173,10 @@ def main():
     parser.add_argument("--batch_sizes", default="16,32", help="Batch size per image side.")
     parser.add_argument("--steps", default="2,5",
                         help="Steps per loop per round, per image side.")
-    parser.add_argument("--rounds", type=int, default=20,
-                        help="Rounds in which every loop takes its turn; ratios are the "
-                             "median over rounds.")
-    parser.add_argument("--skip", type=int, default=3,
-                        help="Warm-up steps per loop before the rounds, not timed. The "
-                             "Estimator's first steps are slow (measured 10x with 1), so "
-                             "keep >= 3.")
+    common.add_turn_flags(parser, 20, 3, "loop",
+                          "Warm-up steps per loop before the rounds, not timed. The "
+                          "Estimator's first steps are slow (measured 10x with 1), so "
+                          "keep >= 3.")
     parser.add_argument("--stored_sides", default="256,64",
                         help="Per image side, the converter's --max_shorter_side for the "
                              "second copy of the photographs (0: no such row).")

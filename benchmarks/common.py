@@ -33,6 +33,15 @@ def timed(fn, min_seconds=5.0, warmup=1):
     return items / (time.perf_counter() - started)
 
 
+def add_turn_flags(parser, rounds, skip, loop, skip_help):
+    """--rounds and --skip, take_turns' two knobs, on an argparse `parser`; `loop` names
+    what takes its turn (a loop, a variant)."""
+    parser.add_argument("--rounds", type=int, default=rounds,
+                        help="Rounds in which every %s takes its turn; ratios are the "
+                             "median over rounds." % loop)
+    parser.add_argument("--skip", type=int, default=skip, help=skip_help)
+
+
 def take_turns(loops, steps, rounds, skip):
     """Seconds per round for each of `loops` (name -> object with run(steps) -> seconds):
     a warm-up of `skip` steps each first, then `rounds` rounds in which every loop runs
