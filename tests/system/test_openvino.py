@@ -115,6 +115,16 @@ def _runtime_line(server, model):
     return line
 
 
+def _count_runs(monkeypatch):
+    """A list that gets the batch size of every network run on OpenVINO from now on."""
+    runs = []
+    real = openvino_model.run_compiled
+    monkeypatch.setattr(openvino_model, "run_compiled",
+                        lambda request, images: runs.append(len(images)) or real(request,
+                                                                                 images))
+    return runs
+
+
 def _copy(version_dir, tmp_path, keep_ir=True):
     """A copy of the version as `<tmp>/base/1` (without its IR unless keep_ir)."""
     copy = str(tmp_path / "base" / "1")
@@ -165,11 +175,7 @@ def test_a_model_on_openvino_answers_every_signature_as_tensorflow(ir_export, va
     PROBABILITY_TOLERANCE, on every signature and both APIs; the network ran on OpenVINO
     once per request (the decoding and parsing before it in TensorFlow)."""
     base, _, _ = ir_export
-    runs = []
-    real = openvino_model.run_compiled
-    monkeypatch.setattr(openvino_model, "run_compiled",
-                        lambda request, images: runs.append(len(images)) or real(request,
-                                                                                 images))
+    runs = _count_runs(monkeypatch)
     server = serve_in_process([model_config.ServedModel("resnet", base),
                                model_config.ServedModel("resnet_ov", base,
                                                         platform="openvino")])
@@ -203,11 +209,7 @@ def test_a_version_without_an_ir_is_converted_at_load_and_batched(ir_export, val
     _, version_dir, _ = ir_export
     copy = _copy(version_dir, tmp_path, keep_ir=False)
     _, _, pixels = validation
-    runs = []
-    real = openvino_model.run_compiled
-    monkeypatch.setattr(openvino_model, "run_compiled",
-                        lambda request, images: runs.append(len(images)) or real(request,
-                                                                                 images))
+    runs = _count_runs(monkeypatch)
     parameters = batching.BatchingParameters(max_batch_size=IMAGES,
                                              batch_timeout_micros=2000000)
     with caplog.at_level(logging.INFO):
