@@ -216,7 +216,8 @@ def tune(config, tool="slimserve-tune"):
                                    config.max_input_mb << 20)
     sources.check()
     check_outputs(("--output_config", options.output_config),
-                  ("--output_png", options.output_png), ("--output_flags", config.output_flags))
+                  ("--output_png", options.output_png), ("--output_flags", config.output_flags),
+                  ("--output_model_config", config.output_model_config))
     grid, reference_setting = batching_grid(options)
     openvino, runtimes = openvino_candidates(config, tool)
     tf_pairs = ((precisions(config.precisions, tool), xla_modes(config.xla))
@@ -272,11 +273,18 @@ def tune(config, tool="slimserve-tune"):
     if batching_file:
         batching_tuner.write_config(batching_file, best, rows, budget, options.concurrency,
                                     reference, tool=tool, measured=measured, notes=summary[1:])
+    if config.output_model_config:
+        tuner_lib.write_model_config(config.output_model_config, best, options.model_name,
+                                     options.model_base_path, summary[:1] + [
+                                         "slimserve-server --flagfile=%s" % config.output_flags])
     server_flags = tuner_lib.server_flags(best, options.model_name, options.model_base_path,
-                                          batching_file, config.server_flag)
+                                          batching_file, config.server_flag,
+                                          config.output_model_config)
     tfserving = tuner_lib.tfserving_flags(server_flags)
     runtime_note = (["(TF Serving has no OpenVINO runtime: it serves this model on "
-                     "TensorFlow, without the --openvino flags)"]
+                     "TensorFlow, without the --openvino flags%s)" % (
+                         ", and with model_platform \"tensorflow\" in %s"
+                         % config.output_model_config if config.output_model_config else "")]
                     if best.get("runtime") == tuner_lib.OPENVINO else [])
     tuner_lib.write_flagfile(config.output_flags, server_flags, summary + [
         "", "slimserve-server --flagfile=%s" % config.output_flags,
@@ -285,8 +293,10 @@ def tune(config, tool="slimserve-tune"):
     print("chosen: %s (%.1f img/s, p99 %.1f ms%s)" % (
         best["label"], best["images_per_s"], best["p99_ms"],
         ", agreement %.4f" % best["agreement"] if guard else ""))
-    print("server flags -> %s%s" % (config.output_flags, "; batching -> %s" % batching_file
-                                    if batching_file else " (no batching)"))
+    print("server flags -> %s%s%s" % (
+        config.output_flags, "; batching -> %s" % batching_file if batching_file else
+        " (no batching)", "; model config -> %s" % config.output_model_config
+        if config.output_model_config else ""))
     print("slimserve-server --flagfile=%s" % config.output_flags)
     print("tensorflow_model_server %s" % " ".join(tfserving))
     print_reference(best, reference)

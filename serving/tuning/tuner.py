@@ -29,6 +29,8 @@ import typing
 
 import grpc
 import numpy as np
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
 
 from slimserve import conventions
 from slimserve import errors
@@ -75,13 +77,16 @@ class Setting:
         if self.runtime == OPENVINO and self.xla:
             raise ValueError("XLA is TensorFlow's: an OpenVINO setting has none")
 
-    def server_flags(self, batching_file=None):
-        """The flags, spelled so tensorflow_model_server accepts them too."""
+    def server_flags(self, batching_file=None, platform_in_config=False):
+        """The flags, spelled so tensorflow_model_server accepts them too;
+        platform_in_config: the model config file names the runtime (model_platform), so
+        --prefer_openvino_model is left out."""
         flags = []
         if self.batching is not None:
             flags += ["--enable_batching=true", "--batching_parameters_file=%s" % batching_file]
         if self.runtime == OPENVINO:  # slimserve's own flags (TF Serving has none)
-            flags += ["--prefer_openvino_model=true", "--openvino_precision=%s" % self.precision]
+            flags += [] if platform_in_config else ["--prefer_openvino_model=true"]
+            flags.append("--openvino_precision=%s" % self.precision)
             if self.streams:
                 flags.append("--openvino_num_streams=%d" % self.streams)
         elif PRECISIONS[self.precision]:
@@ -447,13 +452,34 @@ def table(rows, latency_budget_ms, min_agreement, best=None):
     return "\n".join(lines)
 
 
-def server_flags(best, model_name, model_base_path, batching_file, common_flags=()):
+def server_flags(best, model_name, model_base_path, batching_file, common_flags=(),
+                 model_config_file=None):
     """The chosen setting as a server command line (slimserve-server and
-    tensorflow_model_server read the same spelling; paths absolute)."""
+    tensorflow_model_server read the same spelling; paths absolute). With
+    model_config_file (write_model_config's), the model is named by that file."""
     setting = setting_of(best)
-    return (["--model_name=%s" % model_name,
-             "--model_base_path=%s" % model_config.absolute(model_base_path)] + list(common_flags)
-            + setting.server_flags(os.path.abspath(batching_file) if batching_file else None))
+    model = (["--model_config_file=%s" % os.path.abspath(model_config_file)]
+             if model_config_file else
+             ["--model_name=%s" % model_name,
+              "--model_base_path=%s" % model_config.absolute(model_base_path)])
+    return (model + list(common_flags) + setting.server_flags(
+        os.path.abspath(batching_file) if batching_file else None,
+        platform_in_config=bool(model_config_file)))
+
+
+def write_model_config(path, best, model_name, model_base_path, comments=(),
+                       flag="--output_model_config"):
+    """The chosen runtime in TF Serving's ModelServerConfig (text format, whole or absent):
+    one model, its absolute base path and model_platform "openvino" when OpenVINO won,
+    else "tensorflow" (the real TF Serving serves only the latter)."""
+    config = model_server_config_pb2.ModelServerConfig()
+    entry = config.model_config_list.config.add()
+    entry.name = model_name
+    entry.base_path = model_config.absolute(model_base_path)
+    entry.model_platform = OPENVINO if setting_of(best).runtime == OPENVINO else TENSORFLOW
+    with outputs.write_atomically(path, flag) as handle:
+        handle.write("".join("# %s\n" % line if line else "#\n" for line in comments))
+        handle.write(text_format.MessageToString(config))
 
 
 def tfserving_flags(flags):

@@ -82,6 +82,10 @@ class TuneConfig:
         "server.flags", "Where the chosen server flags go: a flagfile for slimserve-server "
         "--flagfile=..., one flag a line, which tensorflow_model_server takes too (comments "
         "say how).")
+    output_model_config: str = fields.option(
+        "", "Also write the chosen runtime as a model config file (ModelServerConfig: the "
+        "model's name, base path and model_platform \"openvino\" or \"tensorflow\"); the "
+        "flagfile then names it with --model_config_file. Empty: not written.")
 
 
 CONFIG = TuneConfig

@@ -53,6 +53,7 @@ def _serve_flagfile(lines, source):
 def test_tensorflow_and_openvino_measured_and_the_choice_served(export_dir, digits_data,
                                                                 tmp_path):
     flagfile, config = tmp_path / "server.flags", tmp_path / "batching.config"
+    model_config_path = tmp_path / "models.config"
     process = run_cli(
         "slimserve.cli.tune", "--model_base_path", os.path.dirname(export_dir),
         "--data_dir", digits_data, "--latency_budget_ms", 100000, "--concurrency", 4,
@@ -61,6 +62,7 @@ def test_tensorflow_and_openvino_measured_and_the_choice_served(export_dir, digi
         "--openvino_streams", 0, "--max_batch_sizes", 8, "--batch_timeouts_micros", 5000,
         "--num_batch_threads", 1, "--nocompare_documented", "--output_flags", flagfile,
         "--output_config", config, "--output_png", "", "--work_dir", tmp_path,
+        "--output_model_config", model_config_path,
         "--noprogress", "--max_minutes", 10, timeout=900)
     rows = _table_rows(process.stdout)
     # The baseline (TensorFlow fp32, no batching), then each runtime at the one batching.
@@ -76,7 +78,11 @@ def test_tensorflow_and_openvino_measured_and_the_choice_served(export_dir, digi
     (chosen,) = [r for r in rows if r[13] == "**chosen**"]
     lines = [l for l in flagfile.read_text().splitlines() if l and not l.startswith("#")]
     chose_openvino = chosen[0] == OPENVINO_LABEL
-    assert ("--prefer_openvino_model=true" in lines) == chose_openvino
+    # The model config names the chosen runtime; the flagfile names the model config.
+    assert "--model_config_file=%s" % model_config_path in lines
+    assert 'model_platform: "%s"' % ("openvino" if chose_openvino else "tensorflow") in \
+        model_config_path.read_text()
+    assert "--prefer_openvino_model=true" not in lines
     assert ("--openvino_precision=fp32" in lines) == chose_openvino
     if chose_openvino:
         assert "TF Serving has no OpenVINO runtime" in flagfile.read_text()
@@ -91,6 +97,14 @@ def test_tensorflow_and_openvino_measured_and_the_choice_served(export_dir, digi
                          "--openvino_num_streams=2"]
     line = _serve_flagfile(flags, "openvino row")
     assert 'runtime="openvino"' in line and 'precision="fp32"' in line, line
+    # ... and so does the same row written as a model config (model_platform "openvino").
+    path = str(tmp_path / "openvino.config")
+    tuner_lib.write_model_config(path, row, "resnet", os.path.dirname(export_dir))
+    flags = tuner_lib.server_flags(row, "resnet", None, None, model_config_file=path)
+    assert flags == ["--model_config_file=%s" % path, "--openvino_precision=fp32",
+                     "--openvino_num_streams=2"]
+    line = _serve_flagfile(flags, "openvino model config")
+    assert 'runtime="openvino"' in line, line
 
 
 def _config(**changes):
