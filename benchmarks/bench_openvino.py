@@ -12,8 +12,9 @@ download):
   JPEGs in, what a client sends) and on `predict_images` (decoded pixels: the network
   alone); the best batch is each one's in-process limit;
 - served: a slimserve-server child (the one launcher, under the suite's memory cap) with
-  --prefer_openvino_model at the fastest OpenVINO precision and server-side batching,
-  driven by the project's load generator at 1, 8 and 32 closed-loop clients;
+  --prefer_openvino_model at the fastest OpenVINO precision and the server's adaptive
+  batching, driven by the project's load generator at 1, 8 and 32 closed-loop clients, in
+  --served_rounds rounds each beside a fresh in-process measurement of that precision;
 - the ratios (OpenVINO / TensorFlow, served / in-process on the same signature) and the
   top-1 agreement of every OpenVINO precision with TensorFlow fp32 on the digits
   validation split (and its accuracy on their labels).
@@ -141,14 +142,18 @@ def classes_of(servable, pixels):
 
 def served(version, precision, jpegs, clients, seconds, timeout_micros):
     """{clients: closed-loop result} of a slimserve-server child serving `version` on
-    OpenVINO at `precision` with batching (max batch 32)."""
-    work = common.work_dir("openvino_served")
-    batch_file = os.path.join(work, "batching.config")
-    with open(batch_file, "w") as handle:
-        handle.write(BATCHING % timeout_micros)
+    OpenVINO at `precision` with batching: the server's own adaptive batching (what
+    --enable_batching does without a parameters file) when `timeout_micros` is None, else
+    max batch 32 with that timeout and one batch thread."""
+    batching = ["--enable_batching"]
+    if timeout_micros is not None:
+        batch_file = os.path.join(common.work_dir("openvino_served"), "batching.config")
+        with open(batch_file, "w") as handle:
+            handle.write(BATCHING % timeout_micros)
+        batching.append("--batching_parameters_file=%s" % batch_file)
     server = serve_harness.start_server(
-        os.path.dirname(version), batching=True, batch_file=batch_file,
-        extra_args=["--prefer_openvino_model", "--openvino_precision=%s" % precision])
+        os.path.dirname(version), extra_args=batching + [
+            "--prefer_openvino_model", "--openvino_precision=%s" % precision])
     try:
         requests = serve_harness.predict_requests(jpegs)
         # the first requests compile OpenVINO's kernels for their shapes: not measured
@@ -157,6 +162,32 @@ def served(version, precision, jpegs, clients, seconds, timeout_micros):
                 for n in clients}
     finally:
         server.stop()
+
+
+def served_rounds(version, chosen, best_batch, jpegs, args):
+    """[(in-process rate, {clients: served result})] for --served_rounds rounds: each
+    round measures the chosen precision in process (serving_default at its best batch,
+    as long as each served client count) and then served, so every ratio is of two
+    figures minutes apart, and the limit is one measurement, not the best of several
+    noisy ones (a maximum of noisy rates is biased up)."""
+    workload = (signatures.DEFAULT, signatures.IMAGE_BYTES, jpegs)
+    timeout = None if args.batching == "adaptive" else args.batch_timeout_micros
+    out = []
+    for index in range(args.served_rounds):
+        servable = servable_of(version, chosen)
+        try:
+            limit = in_process(servable, workload, best_batch,
+                               args.served_seconds or args.seconds)
+        finally:
+            servable.retire()
+        results = served(version, chosen.split()[1], jpegs, args.clients,
+                         args.served_seconds or args.seconds, timeout)
+        print("  round %d: in process %.1f img/s; served %s" % (
+            index + 1, limit, ", ".join("%d clients %.1f (%.2f)" % (
+                n, r["images_per_s"], r["images_per_s"] / limit)
+                for n, r in sorted(results.items()))), flush=True)
+        out.append((limit, results))
+    return out
 
 
 def bench_size(label, version, spec, jpegs, validation, calibration, args):
@@ -238,25 +269,34 @@ def bench_size(label, version, spec, jpegs, validation, calibration, args):
               ov_export.DEFAULT_INT8_MAX_ACCURACY_DROP,
               "; --served_precision" if args.served_precision else ""), flush=True)
     precision = chosen.split()[1]
-    results = served(version, precision, jpegs, args.clients,
-                     args.served_seconds or args.seconds, args.batch_timeout_micros)
-    limit = best[chosen, signatures.DEFAULT]
+    best_batch = max(args.batches, key=lambda b: rates[chosen, signatures.DEFAULT, b])
+    rounds = served_rounds(version, chosen, best_batch, jpegs, args)
+    ratios = {n: float(np.median([r[n]["images_per_s"] / limit for limit, r in rounds]))
+              for n in args.clients}
+    batching = "adaptive batching" if args.batching == "adaptive" else \
+        "batching max 32, timeout %d us" % args.batch_timeout_micros
     common.table("%s, served on OpenVINO %s (slimserve-server --prefer_openvino_model "
-                 "--openvino_precision=%s, batching max 32, timeout %d us; serving_default "
-                 "over gRPC)" % (label, precision, precision, args.batch_timeout_micros),
-                 ["clients", "img/s", "p50 ms", "p99 ms", "errors", "served / in-process",
+                 "--openvino_precision=%s, %s; serving_default over gRPC); %d rounds, each "
+                 "beside its own in-process rate at the best batch (%d)" % (
+                     label, precision, precision, batching, len(rounds), best_batch),
+                 ["clients", "img/s (median)", "p50 ms", "p99 ms", "errors",
+                  "served / in-process (median of rounds)", "per round",
                   "served / TF in-process"],
-                 [[n, "%.1f" % r["images_per_s"], "%.1f" % r["p50_ms"], "%.1f" % r["p99_ms"],
-                   r["errors"], "%.2f" % (r["images_per_s"] / limit),
-                   "%.2fx" % (r["images_per_s"] / best[TF, signatures.DEFAULT])]
-                  for n, r in sorted(results.items())])
+                 [[n, "%.1f" % np.median([r[n]["images_per_s"] for _, r in rounds]),
+                   "%.1f" % np.median([r[n]["p50_ms"] for _, r in rounds]),
+                   "%.1f" % np.median([r[n]["p99_ms"] for _, r in rounds]),
+                   sum(r[n]["errors"] for _, r in rounds), "%.2f" % ratios[n],
+                   " ".join("%.2f" % (r[n]["images_per_s"] / limit) for limit, r in rounds),
+                   "%.2fx" % (np.median([r[n]["images_per_s"] for _, r in rounds]) /
+                              best[TF, signatures.DEFAULT])]
+                  for n in args.clients])
+    limit = best[chosen, signatures.DEFAULT]
     return ["%s: OpenVINO %s in process %.2fx TF fp32 (network alone %.2fx); served at "
-            "%s clients %s of in-process" % (
+            "%s clients %s of in-process (median of %d rounds)" % (
                 label, precision, limit / best[TF, signatures.DEFAULT],
                 best[chosen, signatures.PREDICT_IMAGES] / best[TF, signatures.PREDICT_IMAGES],
-                "/".join(str(n) for n in sorted(results)),
-                "/".join("%.2f" % (results[n]["images_per_s"] / limit)
-                         for n in sorted(results)))]
+                "/".join(str(n) for n in args.clients),
+                "/".join("%.2f" % ratios[n] for n in args.clients), len(rounds))]
 
 
 def main():
@@ -281,8 +321,16 @@ def main():
     parser.add_argument("--served_precision", default="", choices=("", "fp32", "bf16", "int8"),
                         help="Serve this OpenVINO precision (default: the fastest that "
                         "agrees with TensorFlow fp32 as the export's int8 guard asks).")
+    parser.add_argument("--served_rounds", type=int, default=3,
+                        help="Rounds of (in-process limit, served at --clients); the "
+                        "served / in-process ratio is the median of the rounds'.")
+    parser.add_argument("--batching", default="adaptive", choices=("adaptive", "fixed"),
+                        help="The server's batching: adaptive (--enable_batching without "
+                        "a parameters file: what needs no tuning) or fixed (max batch 32, "
+                        "--batch_timeout_micros, one batch thread).")
     parser.add_argument("--batch_timeout_micros", type=int, default=2000,
-                        help="The served model's batch_timeout_micros.")
+                        help="With --batching=fixed: the served model's "
+                        "batch_timeout_micros.")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.clients = [int(c) for c in args.clients.split(",") if c]

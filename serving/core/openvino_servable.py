@@ -15,6 +15,9 @@ steps, each once per (batched) request:
     TensorFlow  those outputs (fed) -> the signature's outputs (class names, ...); skipped
                 when every output asked for is one of them
 
+A run holds one of the version's InferRequests (one per OpenVINO stream) through all three
+steps, so runs on a stream never put TensorFlow's threads on the cores it computes on.
+
 The IR is `<version>/openvino/model.xml` (slimserve-export writes it); a version without
 one is converted at load. Whatever keeps OpenVINO from serving the version (no openvino
 in this Python, an IR that does not read or match the graph, a CPU plugin that does not
@@ -130,6 +133,20 @@ class OpenVinoServable(Servable):
         if self._requests is None or not any(name in self._below
                                              for name in fetches.values()):
             return super().run(signature_def, feeds, output_keys, deadline)
+        # The whole run holds an InferRequest, its TensorFlow steps too: a second batch's
+        # JPEG decoding on the cores OpenVINO's threads compute on slowed both (served
+        # int8 at 224 on 2 cores lost about a tenth). The waiting batch keeps gathering.
+        try:
+            request = self._requests.get(
+                timeout=None if deadline is None else max(0.0, deadline.remaining()))
+        except queue.Empty:
+            raise deadline.exceeded() from None
+        try:
+            return self._run(request, signature_def, feeds, output_keys, fetches, deadline)
+        finally:
+            self._requests.put(request)
+
+    def _run(self, request, signature_def, feeds, output_keys, fetches, deadline):
         cut = self.cut
         fed_images = [key for key in feeds if signature_def.inputs[key].name == cut.images]
         if fed_images:
@@ -144,7 +161,7 @@ class OpenVinoServable(Servable):
             return super().run(signature_def, feeds, output_keys, deadline)
         if deadline is not None and deadline.remaining() <= 0:
             raise deadline.exceeded()
-        values = dict(zip(self._outputs, self._infer(images)))
+        values = dict(zip(self._outputs, self._infer(request, images)))
         out, rest = {}, []
         for key, name in fetches.items():
             if name in values:
@@ -168,20 +185,17 @@ class OpenVinoServable(Servable):
             out.update(super().run(back, back_feeds, rest, deadline))
         return {key: out[key] for key in output_keys}
 
-    def _infer(self, images):
-        """The network on one free InferRequest (waiting while every one is busy)."""
+    def _infer(self, request, images):
+        """The network on the run's InferRequest."""
         expected = self.graph.get_tensor_by_name(self.cut.images).shape.as_list()
         if any(want is not None and want != got
                for want, got in zip(expected, images.shape)) or len(expected) != images.ndim:
             raise errors.invalid("images of shape %s where the model takes %s",
                                  list(images.shape), ["?" if d is None else d
                                                       for d in expected])
-        request = self._requests.get()
         try:
             return openvino_model.run_compiled(request, images)
         except RuntimeError as error:
             raise errors.ServingError(grpc.StatusCode.INTERNAL, "OpenVINO: %s" % (
                 str(error).strip().splitlines() or ["inference failed"])[0]) from None
-        finally:
-            self._requests.put(request)
 

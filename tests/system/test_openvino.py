@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import shutil
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -239,6 +241,55 @@ def test_a_version_without_an_ir_is_converted_at_load_and_batched(ir_export, val
     expected = _tensorflow(copy, signatures.PREDICT_IMAGES, {signatures.IMAGES: pixels},
                            [signatures.PROBABILITIES])[signatures.PROBABILITIES]
     np.testing.assert_allclose(np.concatenate(parts), expected, atol=PROBABILITY_TOLERANCE)
+
+
+@pytest.mark.cost(8)
+def test_concurrent_runs_keep_tensorflow_off_the_cores_openvino_computes_on(
+        ir_export, validation, monkeypatch):
+    """Two batch threads running serving_default at once on a version with one
+    InferRequest (the latency hint): each run holds it from its JPEG decoding to its class
+    names, so neither run's TensorFlow steps fall inside the other's network run (on 2
+    cores they took OpenVINO's threads: served int8 at 224 lost a tenth); both answers are
+    TensorFlow's."""
+    _, version_dir, _ = ir_export
+    images, _, _ = validation
+    spans = []  # (thread, "tf" or "openvino", start, end)
+    real_run, real_infer = servable_lib.Servable.run, openvino_model.run_compiled
+
+    def timed(kind, call):
+        def wrapper(*args, **kwargs):
+            start = time.monotonic()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spans.append((threading.get_ident(), kind, start, time.monotonic()))
+        return wrapper
+
+    def slow_infer(request, pixels):  # long enough for the other thread's TF step to start
+        time.sleep(0.3)
+        return real_infer(request, pixels)
+
+    servable = openvino_servable.OpenVinoServable("resnet", 1, version_dir)
+    try:
+        monkeypatch.setattr(servable_lib.Servable, "run", timed("tf", real_run))
+        monkeypatch.setattr(openvino_model, "run_compiled", timed("openvino", slow_infer))
+        signature_def = servable.signatures[signatures.DEFAULT]
+        feeds = {signatures.IMAGE_BYTES: np.array(images[:8], dtype=object)}
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: servable.run(
+                signature_def, feeds, [signatures.CLASSES]), range(2)))
+    finally:
+        monkeypatch.undo()
+        servable.retire()
+    assert len({thread for thread, _, _, _ in spans}) == 2
+    for thread, kind, start, end in spans:
+        if kind == "openvino":
+            inside = [s for s in spans if s[0] != thread and s[2] < end and s[3] > start]
+            assert not inside, (spans, inside)
+    expected = _tensorflow(version_dir, signatures.DEFAULT, feeds, [signatures.CLASSES])
+    for answer in answers:
+        np.testing.assert_array_equal(answer[signatures.CLASSES],
+                                      expected[signatures.CLASSES])
 
 
 def test_a_broken_ir_is_served_by_tensorflow_after_one_line(ir_export, validation, tmp_path,
