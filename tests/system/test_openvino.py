@@ -38,6 +38,8 @@ from slimserve.serving import options as options_lib
 from slimserve.serving.config import files
 from slimserve.serving.config import model_config
 from slimserve.serving.core import batching
+from slimserve.serving.core import deadlines
+from slimserve.serving.core import errors
 from slimserve.serving.core import openvino_model
 from slimserve.serving.core import openvino_servable
 from slimserve.serving.core import servable as servable_lib
@@ -290,6 +292,43 @@ def test_concurrent_runs_keep_tensorflow_off_the_cores_openvino_computes_on(
     for answer in answers:
         np.testing.assert_array_equal(answer[signatures.CLASSES],
                                       expected[signatures.CLASSES])
+
+
+@pytest.mark.cost(4)
+def test_a_run_whose_deadline_passes_while_another_holds_openvino_is_deadline_exceeded(
+        ir_export, validation, monkeypatch):
+    """While one run holds the version's only InferRequest (its network slowed to 2 s), a
+    run with a 0.3 s deadline gives up waiting for it: DEADLINE_EXCEEDED naming the
+    deadline's source, while the first run is still computing; the first still answers."""
+    _, version_dir, _ = ir_export
+    _, _, pixels = validation
+    real_infer = openvino_model.run_compiled
+    started = threading.Event()
+
+    def slow_infer(request, images):
+        started.set()
+        time.sleep(2.0)
+        return real_infer(request, images)
+
+    servable = openvino_servable.OpenVinoServable("resnet", 1, version_dir)
+    try:
+        monkeypatch.setattr(openvino_model, "run_compiled", slow_infer)
+        signature_def = servable.signatures[signatures.PREDICT_IMAGES]
+        feeds = {signatures.IMAGES: pixels[:4]}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(servable.run, signature_def, feeds, [signatures.CLASSES])
+            assert started.wait(60)
+            with pytest.raises(errors.ServingError) as caught:
+                servable.run(signature_def, feeds, [signatures.CLASSES],
+                             deadlines.Deadline(0.3, "the test's deadline"))
+            gave_up_first = not first.done()
+            assert first.result(timeout=60)[signatures.CLASSES].shape == (4,)
+    finally:
+        monkeypatch.undo()
+        servable.retire()
+    assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "the test's deadline" in str(caught.value)
+    assert gave_up_first  # it did not wait for the held request to come back
 
 
 def test_a_broken_ir_is_served_by_tensorflow_after_one_line(ir_export, validation, tmp_path,
