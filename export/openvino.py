@@ -163,9 +163,9 @@ def quantize_int8(export_dir, calibration, guard, labels=None,
     model = openvino_model.read(export_dir)
     batch = list(calibration[i:i + 1] for i in range(len(calibration)))
     # NNCF draws progress bars on stdout, where a command prints its results. Full bias
-    # correction (not NNCF's fast one): on the digits export it kept 1 of 359 validation
-    # images apart from fp32 where the fast one kept 3 (64 and 300 calibration images),
-    # for a few more seconds of quantization and no loss of speed (docs/runtimes.md).
+    # correction, not NNCF's fast one: on the digits export 1 of 359 validation images
+    # left fp32's class where the fast one moved 2-3 (benchmarks/bench_int8_calibration.py,
+    # docs/runtimes.md).
     with contextlib.redirect_stdout(sys.stderr):
         quantized = nncf.quantize(model, nncf.Dataset(batch),
                                   subset_size=min(len(batch), INT8_CALIBRATION_IMAGES),
@@ -184,7 +184,7 @@ def quantize_int8(export_dir, calibration, guard, labels=None,
             compiled = openvino_model.compile_model(openvino_model.read(export_dir, filename))
             request = compiled.create_infer_request()
             names = openvino_model.names(compiled)[1]
-            cut_classes = _classes_output(export_dir, names)
+            cut_classes = classes_output(export_dir, names)
             found = []
             for start in range(0, len(guard), BATCH):
                 values = dict(zip(names, openvino_model.run_compiled(
@@ -226,7 +226,7 @@ def quantize_int8(export_dir, calibration, guard, labels=None,
     return "refused" not in report, report
 
 
-def _classes_output(export_dir, names):
+def classes_output(export_dir, names):
     """The IR output that is predict_images' `classes` (the SavedModel's tensor name)."""
     servable = servable_lib.Servable("verify", 0, export_dir)
     try:
