@@ -116,15 +116,21 @@ def claim_version(export_base, attempts=1000):
 
 
 OWNER_SUFFIX = ".owner"
+_OWNER_PART = ".part"  # the owner file while it is written (renamed into place whole)
 
 
 def _write_owner(temp_dir):
     """`<temp_dir>.owner` says which host and process is writing `temp_dir` (beside it:
     the SavedModel builder wants the directory itself empty), so a later export can
-    remove the directory of a writer that died without waiting for it to go stale."""
+    remove the directory of a writer that died without waiting for it to go stale. It is
+    written beside and renamed into place: a writer killed between creating it and
+    writing it left an empty owner file, which names nobody, so its directory waited an
+    hour (a run under three workers hit that)."""
     if _is_local(temp_dir):
-        with open(temp_dir + OWNER_SUFFIX, "w") as handle:
+        part = temp_dir + OWNER_SUFFIX + _OWNER_PART
+        with open(part, "w") as handle:
             handle.write("%s %d\n" % (socket.gethostname(), os.getpid()))
+        os.replace(part, temp_dir + OWNER_SUFFIX)
 
 
 def _owner_is_dead(temp_dir):
@@ -148,10 +154,11 @@ def _owner_is_dead(temp_dir):
 
 def _remove_owner(temp_dir):
     if _is_local(temp_dir):
-        try:
-            os.remove(temp_dir + OWNER_SUFFIX)
-        except FileNotFoundError:
-            pass
+        for path in (temp_dir + OWNER_SUFFIX, temp_dir + OWNER_SUFFIX + _OWNER_PART):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
 
 
 def publish(export_base, version, temp_dir):
@@ -317,7 +324,8 @@ def remove_stale_temp_dirs(export_base, max_age_seconds=STALE_TEMP_SECONDS, now=
     now = time.time() if now is None else now
     removed = []
     for name in _entries(export_base):
-        if not name.startswith(TEMP_PREFIX) or name.endswith(OWNER_SUFFIX):
+        if not name.startswith(TEMP_PREFIX) or name.endswith(OWNER_SUFFIX) or \
+                name.endswith(OWNER_SUFFIX + _OWNER_PART):
             continue
         path = os.path.join(export_base, name)
         try:

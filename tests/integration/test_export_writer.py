@@ -129,6 +129,37 @@ def test_stale_temp_dirs_go_by_age_and_live_ones_stay(tmp_path):
     assert live_version not in versions.list_versions(str(base))
 
 
+def test_the_owner_file_appears_whole_and_a_dead_writers_directory_goes_at_once(tmp_path):
+    """The owner file is renamed into place once written: another process never sees it
+    empty (a writer SIGKILLed between creating and writing it left an empty one, which
+    names nobody, so the next export kept its directory for an hour). A real child
+    process claims a version and dies; the next cleanup removes its directory and owner
+    file at once, by the dead process, not by age."""
+    base = tmp_path / "export"
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from slimserve.export import versions; "
+         "print(versions.claim_version(sys.argv[1])[1])", str(base)],
+        cwd=helpers.ROOT, capture_output=True, text=True, check=True)
+    temp_dir = child.stdout.strip().splitlines()[-1]
+    name = os.path.basename(temp_dir)
+    assert sorted(os.listdir(base)) == [name, name + versions.OWNER_SUFFIX]  # no part file
+    with open(temp_dir + versions.OWNER_SUFFIX) as handle:
+        host, pid = handle.read().split()
+    assert int(pid) != os.getpid()
+    assert versions.remove_stale_temp_dirs(str(base)) == [name]
+    assert os.listdir(base) == []
+    # A writer killed between writing the part and renaming it leaves no owner: its
+    # directory goes by age, and the part file with it; the part file is never taken
+    # for a directory of its own.
+    (base / ".tmp-7").mkdir()
+    (base / (".tmp-7" + versions.OWNER_SUFFIX + ".part")).write_text("")
+    assert versions.remove_stale_temp_dirs(str(base)) == []
+    old = time.time() - 2 * versions.STALE_TEMP_SECONDS
+    os.utime(base / ".tmp-7", (old, old))
+    assert versions.remove_stale_temp_dirs(str(base)) == [".tmp-7"]
+    assert os.listdir(base) == []
+
+
 def test_versions_and_claims_through_tf_gfile_on_a_non_posix_file_system():
     """Not a local path: the claim goes through tf.io.gfile (names read by the one
     listing function that also drops GCS's trailing \"/\")."""
