@@ -31,20 +31,19 @@ from slimserve.export import openvino as ov_export  # noqa: E402  pylint: disabl
 from slimserve.serving.core import openvino_model  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def classes_and_rate(model, names, classes_output, pixels, seconds):
-    """(top-1 classes of `pixels`, images per second at batch 32) of an OpenVINO model."""
-    request = openvino_model.compile_model(model).create_infer_request()
-    found = []
-    for start in range(0, len(pixels), 32):
-        values = dict(zip(names, openvino_model.run_compiled(request, pixels[start:start + 32])))
-        found.append(np.asarray(values[classes_output]).reshape(-1))
+def classes_and_rate(version, model, pixels, seconds):
+    """(top-1 classes of `pixels`, images per second at batch 32) of an OpenVINO model of
+    `version` (the export's own guard computes the classes)."""
+    compiled = openvino_model.compile_model(model)
+    request = compiled.create_infer_request()
     batch = np.ascontiguousarray(pixels[:32])
 
     def run():
         openvino_model.run_compiled(request, batch)
         return len(batch)
 
-    return np.concatenate(found), common.timed(run, min_seconds=seconds)
+    return ov_export.ir_classes(version, compiled, pixels), common.timed(
+        run, min_seconds=seconds)
 
 
 def main():
@@ -70,9 +69,7 @@ def main():
                                 ov_export.pixels_of(train, spec))
     labels = np.asarray(labels)
     model = openvino_model.read(version)
-    names = openvino_model.names(model)[1]
-    classes_output = ov_export.classes_output(version, names)
-    fp32, fp32_rate = classes_and_rate(model, names, classes_output, val_pixels, args.seconds)
+    fp32, fp32_rate = classes_and_rate(version, model, val_pixels, args.seconds)
     rows = [["fp32", "", "100.00%", "%.1f%%" % (100 * np.mean(fp32 == labels)), "",
              "%.0f" % fp32_rate]]
     for count in counts:
@@ -83,8 +80,7 @@ def main():
                 quantized = nncf.quantize(model, dataset, subset_size=count,
                                           fast_bias_correction=fast)
             seconds = time.monotonic() - started
-            found, rate = classes_and_rate(quantized, names, classes_output, val_pixels,
-                                           args.seconds)
+            found, rate = classes_and_rate(version, quantized, val_pixels, args.seconds)
             rows.append(["int8, %s bias correction" % ("fast" if fast else "full"), count,
                          "%.2f%% (%d differ)" % (100 * np.mean(found == fp32),
                                                  np.sum(found != fp32)),

@@ -181,16 +181,8 @@ def quantize_int8(export_dir, calibration, guard, labels=None,
         classes = {}
         for precision, filename in ((openvino_model.FP32, openvino_model.MODEL_FILE),
                                     (openvino_model.INT8, temp_name)):
-            compiled = openvino_model.compile_model(openvino_model.read(export_dir, filename))
-            request = compiled.create_infer_request()
-            names = openvino_model.names(compiled)[1]
-            cut_classes = classes_output(export_dir, names)
-            found = []
-            for start in range(0, len(guard), BATCH):
-                values = dict(zip(names, openvino_model.run_compiled(
-                    request, guard[start:start + BATCH])))
-                found.append(np.asarray(values[cut_classes]).reshape(-1))
-            classes[precision] = np.concatenate(found)
+            classes[precision] = ir_classes(export_dir, openvino_model.compile_model(
+                openvino_model.read(export_dir, filename)), guard)
         agreement = float(np.mean(classes[openvino_model.FP32] ==
                                   classes[openvino_model.INT8]))
         report["int8_agreement"] = agreement
@@ -224,6 +216,20 @@ def quantize_int8(export_dir, calibration, guard, labels=None,
     if "refused" in report:
         logging.warning("%s: %s", export_dir, report["refused"])
     return "refused" not in report, report
+
+
+def ir_classes(export_dir, compiled, pixels):
+    """predict_images' top-1 classes of `pixels` computed by `compiled`, a compiled IR of
+    the version (fp32 or int8), BATCH images a run."""
+    request = compiled.create_infer_request()
+    names = openvino_model.names(compiled)[1]
+    cut_classes = classes_output(export_dir, names)
+    found = []
+    for start in range(0, len(pixels), BATCH):
+        values = dict(zip(names, openvino_model.run_compiled(request,
+                                                             pixels[start:start + BATCH])))
+        found.append(np.asarray(values[cut_classes]).reshape(-1))
+    return np.concatenate(found)
 
 
 def classes_output(export_dir, names):
